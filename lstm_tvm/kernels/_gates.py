@@ -1,0 +1,89 @@
+"""Gate math shared by the cell and sequence kernels, as TIR expressions.
+
+All math runs in float32 whatever the storage dtype (float16 inputs are widened on load and
+rounded once on store), which is at least as accurate as TensorFlow's kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .._tvm import tirx
+
+ACC = "float32"
+
+
+def f32(value):
+    """Widen a loaded value to the float32 compute type."""
+    return tirx.Cast(ACC, value)
+
+
+def store(value, dtype: str):
+    """Round a float32 result to the storage dtype."""
+    return value if dtype == ACC else tirx.Cast(dtype, value)
+
+
+def rounded(value, dtype: str):
+    """``value`` rounded through the storage dtype and widened again (the value TF feeds back)."""
+    return value if dtype == ACC else tirx.Cast(ACC, tirx.Cast(dtype, value))
+
+
+def _c(x: float):
+    return tirx.const(float(x), ACC)
+
+
+def gate_offsets(gates: tuple[str, ...], cell_size: int) -> dict[str, int]:
+    """Column offset of each gate's H-wide block in the 4H columns, by gate letter."""
+    return {g: k * cell_size for k, g in enumerate(gates)}
+
+
+@dataclasses.dataclass(frozen=True)
+class CellConfig:
+    """The compile-time constants of one forward cell."""
+
+    forget_bias: float
+    cell_clip: float
+    use_peephole: bool
+
+
+def cell_forward(cfg: CellConfig, gi, gc, gf, go, cs_prev, wci, wcf, wco):
+    """One forward step from the gate pre-activations (``xh @ w + b``, float32).
+
+    Returns ``(i, cs, f, o, ci, co, h)`` as float32 expressions:
+    ``cs = clip(i * ci + f * cs_prev)``, ``h = o * tanh(cs)``.
+    """
+    if cfg.use_peephole:
+        gi = gi + cs_prev * wci
+        gf = gf + cs_prev * wcf
+    i = tirx.sigmoid(gi)
+    ci = tirx.tanh(gc)
+    f = tirx.sigmoid(gf + _c(cfg.forget_bias)) if cfg.forget_bias != 0 else tirx.sigmoid(gf)
+    cs = i * ci + f * cs_prev
+    if cfg.cell_clip > 0:
+        cs = tirx.max(tirx.min(cs, _c(cfg.cell_clip)), _c(-cfg.cell_clip))
+    co = tirx.tanh(cs)
+    if cfg.use_peephole:
+        go = go + cs * wco
+    o = tirx.sigmoid(go)
+    h = o * co
+    return i, cs, f, o, ci, co, h
+
+
+def cell_backward(use_peephole: bool, i, cs, f, o, ci, co, cs_prev, cs_grad, h_grad, wci, wcf, wco):
+    """One backward step (TF's ``LSTMBlockCellBwd``), float32 expressions.
+
+    ``cs_grad`` and ``h_grad`` are the total gradients arriving at ``cs`` and ``h``.
+    Returns ``(di, dci, df, do, cs_prev_grad)``; the clip is not differentiated (as TF).
+    """
+    one = _c(1.0)
+    do = o * (one - o) * h_grad * co
+    dcs = (one - co * co) * h_grad * o + cs_grad
+    if use_peephole:
+        dcs = dcs + do * wco
+    dci = (one - ci * ci) * dcs * i
+    df = f * (one - f) * dcs * cs_prev
+    di = i * (one - i) * dcs * ci
+    cs_prev_grad = dcs * f
+    if use_peephole:
+        cs_prev_grad = cs_prev_grad + di * wci + df * wcf
+    return di, dci, df, do, cs_prev_grad
