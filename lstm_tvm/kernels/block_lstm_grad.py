@@ -1,0 +1,171 @@
+"""TIR kernel of the sequence backward ops ``BlockLSTMGrad`` and ``BlockLSTMGradV2``.
+
+Only the carry ``dh`` is truly serial. The time loop (block ``step``, t = seq_len_max-1..0)
+runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients ``dicfo`` and
+the carried ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
+After the loop, ``x_grad`` and ``w_grad`` are each one GEMM over all steps
+(``x_grad_gemm``, ``w_grad_x``, ``w_grad_h``), and ``b_grad`` and the peephole gradients
+are reductions of ``dicfo``. Everything accumulates in float32.
+"""
+
+from __future__ import annotations
+
+from .._tvm import T
+from ..registry import OpSpec
+from ._gates import ACC, cell_backward, f32, gate_offsets, store
+
+
+def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
+    """``BlockLSTMGrad`` / ``BlockLSTMGradV2``; symbolic ``T`` and ``B``."""
+    I, H = input_size, cell_size
+    G = 4 * H
+    off = gate_offsets(op.gates, H)
+    oi, oc, of, oo = off["i"], off["c"], off["f"], off["o"]
+    peep = bool(attrs["use_peephole"])
+    zero = T.float32(0)
+
+    @T.prim_func(s_tir=True)
+    def func(seq_len_max: T.int64, x_h: T.handle, cs_prev_h: T.handle, h_prev_h: T.handle,
+             w_h: T.handle, wci_h: T.handle, wcf_h: T.handle, wco_h: T.handle, b_h: T.handle,
+             i_h: T.handle, cs_h: T.handle, f_h: T.handle, o_h: T.handle,
+             ci_h: T.handle, co_h: T.handle, h_h: T.handle,
+             cs_grad_h: T.handle, h_grad_h: T.handle,
+             x_grad_h: T.handle, cs_prev_grad_h: T.handle, h_prev_grad_h: T.handle,
+             w_grad_h: T.handle, wci_grad_h: T.handle, wcf_grad_h: T.handle,
+             wco_grad_h: T.handle, b_grad_h: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        Tn = T.int64()
+        Bn = T.int64()
+        x = T.match_buffer(x_h, (Tn, Bn, I), dtype)
+        cs_prev = T.match_buffer(cs_prev_h, (Bn, H), dtype)
+        h_prev = T.match_buffer(h_prev_h, (Bn, H), dtype)
+        w = T.match_buffer(w_h, (I + H, G), dtype)
+        wci = T.match_buffer(wci_h, (H,), dtype)
+        wcf = T.match_buffer(wcf_h, (H,), dtype)
+        wco = T.match_buffer(wco_h, (H,), dtype)
+        bias = T.match_buffer(b_h, (G,), dtype)
+        i = T.match_buffer(i_h, (Tn, Bn, H), dtype)
+        cs = T.match_buffer(cs_h, (Tn, Bn, H), dtype)
+        f = T.match_buffer(f_h, (Tn, Bn, H), dtype)
+        o = T.match_buffer(o_h, (Tn, Bn, H), dtype)
+        ci = T.match_buffer(ci_h, (Tn, Bn, H), dtype)
+        co = T.match_buffer(co_h, (Tn, Bn, H), dtype)
+        h = T.match_buffer(h_h, (Tn, Bn, H), dtype)
+        cs_grad = T.match_buffer(cs_grad_h, (Tn, Bn, H), dtype)
+        h_grad = T.match_buffer(h_grad_h, (Tn, Bn, H), dtype)
+        x_grad = T.match_buffer(x_grad_h, (Tn, Bn, I), dtype)
+        cs_prev_grad = T.match_buffer(cs_prev_grad_h, (Bn, H), dtype)
+        h_prev_grad = T.match_buffer(h_prev_grad_h, (Bn, H), dtype)
+        w_grad = T.match_buffer(w_grad_h, (I + H, G), dtype)
+        wci_grad = T.match_buffer(wci_grad_h, (H,), dtype)
+        wcf_grad = T.match_buffer(wcf_grad_h, (H,), dtype)
+        wco_grad = T.match_buffer(wco_grad_h, (H,), dtype)
+        b_grad = T.match_buffer(b_grad_h, (G,), dtype)
+        dicfo = T.alloc_buffer((Tn, Bn, G), ACC)
+        dh = T.alloc_buffer((Bn, H), ACC)
+        dcs = T.alloc_buffer((Bn, H), ACC)
+        xg = T.alloc_buffer((Tn, Bn, I), ACC)
+        wg = T.alloc_buffer((I + H, G), ACC)
+        bg = T.alloc_buffer((G,), ACC)
+        pg = T.alloc_buffer((3, H), ACC)
+        for b, k in T.grid(Bn, H):
+            with T.sblock("state_init"):
+                vb, vk = T.axis.remap("SS", [b, k])
+                dh[vb, vk] = zero
+                dcs[vb, vk] = zero
+        for s in T.serial(seq_len_max):
+            with T.sblock("step"):
+                vt = T.axis.opaque(Tn, seq_len_max - 1 - s)
+                T.reads(i[vt, 0:Bn, 0:H], cs[vt - 1:vt + 1, 0:Bn, 0:H], f[vt, 0:Bn, 0:H],
+                        o[vt, 0:Bn, 0:H], ci[vt, 0:Bn, 0:H], co[vt, 0:Bn, 0:H],
+                        cs_prev[0:Bn, 0:H], cs_grad[vt, 0:Bn, 0:H], h_grad[vt, 0:Bn, 0:H],
+                        wci[0:H], wcf[0:H], wco[0:H], w[I:I + H, 0:G],
+                        dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dicfo[vt, 0:Bn, 0:G])
+                T.writes(dicfo[vt, 0:Bn, 0:G], dh[0:Bn, 0:H], dcs[0:Bn, 0:H])
+                for b, k in T.grid(Bn, H):
+                    with T.sblock("cell_grad"):
+                        vb, vk = T.axis.remap("SS", [b, k])
+                        di, dci, df, do, dcp = T.meta_var(cell_backward(
+                            peep, f32(i[vt, vb, vk]), f32(cs[vt, vb, vk]), f32(f[vt, vb, vk]),
+                            f32(o[vt, vb, vk]), f32(ci[vt, vb, vk]), f32(co[vt, vb, vk]),
+                            T.if_then_else(vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk])),
+                            f32(cs_grad[vt, vb, vk]) + dcs[vb, vk],
+                            f32(h_grad[vt, vb, vk]) + dh[vb, vk],
+                            f32(wci[vk]), f32(wcf[vk]), f32(wco[vk])))
+                        dicfo[vt, vb, oi + vk] = di
+                        dicfo[vt, vb, oc + vk] = dci
+                        dicfo[vt, vb, of + vk] = df
+                        dicfo[vt, vb, oo + vk] = do
+                        dcs[vb, vk] = dcp
+                for b, k, j in T.grid(Bn, H, G):
+                    with T.sblock("dh"):
+                        vb, vk, vj = T.axis.remap("SSR", [b, k, j])
+                        with T.init():
+                            dh[vb, vk] = zero
+                        dh[vb, vk] = dh[vb, vk] + dicfo[vt, vb, vj] * f32(w[I + vk, vj])
+        for t, b, k, j in T.grid(seq_len_max, Bn, I, G):
+            with T.sblock("x_grad_gemm"):
+                vt, vb, vk, vj = T.axis.remap("SSSR", [t, b, k, j])
+                with T.init():
+                    xg[vt, vb, vk] = zero
+                xg[vt, vb, vk] = xg[vt, vb, vk] + dicfo[vt, vb, vj] * f32(w[vk, vj])
+        for k, j in T.grid(I + H, G):
+            with T.sblock("w_grad_init"):
+                vk, vj = T.axis.remap("SS", [k, j])
+                wg[vk, vj] = zero
+        for k, j, t, b in T.grid(I, G, seq_len_max, Bn):
+            with T.sblock("w_grad_x"):
+                vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, b])
+                wg[vk, vj] = wg[vk, vj] + f32(x[vt, vb, vk]) * dicfo[vt, vb, vj]
+        for k, j, t, b in T.grid(H, G, seq_len_max, Bn):
+            with T.sblock("w_grad_h"):
+                vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, b])
+                wg[I + vk, vj] = wg[I + vk, vj] + T.if_then_else(
+                    vt > 0, f32(h[vt - 1, vb, vk]), f32(h_prev[vb, vk])) * dicfo[vt, vb, vj]
+        for j in range(G):
+            with T.sblock("b_grad_init"):
+                vj = T.axis.remap("S", [j])
+                bg[vj] = zero
+        for j, t, b in T.grid(G, seq_len_max, Bn):
+            with T.sblock("b_grad"):
+                vj, vt, vb = T.axis.remap("SRR", [j, t, b])
+                bg[vj] = bg[vj] + dicfo[vt, vb, vj]
+        for p, k in T.grid(3, H):
+            with T.sblock("peephole_grad_init"):
+                vp, vk = T.axis.remap("SS", [p, k])
+                pg[vp, vk] = zero
+        if peep:
+            for k, t, b in T.grid(H, seq_len_max, Bn):
+                with T.sblock("peephole_grad"):
+                    vk, vt, vb = T.axis.remap("SRR", [k, t, b])
+                    pg[0, vk] = pg[0, vk] + dicfo[vt, vb, oi + vk] * T.if_then_else(
+                        vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk]))
+                    pg[1, vk] = pg[1, vk] + dicfo[vt, vb, of + vk] * T.if_then_else(
+                        vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk]))
+                    pg[2, vk] = pg[2, vk] + dicfo[vt, vb, oo + vk] * f32(cs[vt, vb, vk])
+        for t, b, k in T.grid(Tn, Bn, I):
+            with T.sblock("x_grad_out"):
+                vt, vb, vk = T.axis.remap("SSS", [t, b, k])
+                x_grad[vt, vb, vk] = T.if_then_else(
+                    vt < seq_len_max, store(xg[vt, vb, vk], dtype), T.Cast(dtype, 0))
+        for b, k in T.grid(Bn, H):
+            with T.sblock("state_grad_out"):
+                vb, vk = T.axis.remap("SS", [b, k])
+                cs_prev_grad[vb, vk] = store(dcs[vb, vk], dtype)
+                h_prev_grad[vb, vk] = store(dh[vb, vk], dtype)
+        for k, j in T.grid(I + H, G):
+            with T.sblock("w_grad_out"):
+                vk, vj = T.axis.remap("SS", [k, j])
+                w_grad[vk, vj] = store(wg[vk, vj], dtype)
+        for j in range(G):
+            with T.sblock("b_grad_out"):
+                vj = T.axis.remap("S", [j])
+                b_grad[vj] = store(bg[vj], dtype)
+        for k in range(H):
+            with T.sblock("peephole_grad_out"):
+                vk = T.axis.remap("S", [k])
+                wci_grad[vk] = store(pg[0, vk], dtype)
+                wcf_grad[vk] = store(pg[1, vk], dtype)
+                wco_grad[vk] = store(pg[2, vk], dtype)
+
+    return func
