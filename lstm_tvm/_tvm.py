@@ -57,4 +57,5 @@ def target_key(target: "tvm.target.Target") -> str:
 
 def device_for(target: "tvm.target.Target", index: int = 0):
     """The runtime device a target's code runs on (``tvm.cpu`` or ``tvm.cuda``)."""
-    return tvm.device(str(target.kind.name), index)
+    kind = str(target.kind.name)
+    return tvm.device("cpu" if kind in ("llvm", "c") else kind, index)

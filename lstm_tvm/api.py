@@ -1,0 +1,126 @@
+"""``lstm_tvm.compile``: a compiled op as a callable on TVM tensors (no copies)."""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+from . import build as _build
+from ._tvm import device_for, resolve_target, tvm
+from .registry import DTYPES, OPS, get_op
+from .validation import expected_output_shapes, validate_attrs, validate_inputs
+
+__all__ = ["compile", "CompiledOp", "output_tuple"]
+
+
+@functools.cache
+def output_tuple(op_name: str):
+    """The named-tuple class of an op's outputs (TF's names and order)."""
+    if op_name == _build.CELL_GRAD_MATMUL:
+        from .kernels.cell_grad_matmul import OUTPUTS
+        return collections.namedtuple(op_name, OUTPUTS)
+    return collections.namedtuple(op_name, get_op(op_name).output_names)
+
+
+class CompiledOp:
+    """One op compiled for one dtype, input size, cell size, attribute set and target.
+
+    Call it with the op's inputs as TVM tensors on :attr:`device` (positionally in TF's order,
+    or by TF's keyword names); ``T`` and ``B`` may change from call to call. Outputs are
+    allocated unless given as ``out=`` (a sequence in TF's output order). Inputs are checked
+    like ``raw_ops`` before the kernel runs.
+    """
+
+    def __init__(self, spec: _build.BuildSpec, device=None):
+        self.spec = spec
+        self.op = get_op(spec.op)
+        self.target = resolve_target(spec.target)
+        self.device = device if device is not None else device_for(self.target)
+        self.module = _build.get_module(spec)
+        self.func = self.module[spec.func_name]
+
+    @property
+    def attrs(self) -> dict:
+        return dict(self.spec.attrs)
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (f"CompiledOp({s.op}, dtype={s.dtype}, input_size={s.input_size}, "
+                f"cell_size={s.cell_size}, attrs={self.attrs}, target={self.target.kind.name})")
+
+    def _bind(self, args, kwargs) -> dict:
+        names = self.op.input_names
+        if len(args) > len(names):
+            raise TypeError(f"{self.op.name}: expected at most {len(names)} inputs, got {len(args)}")
+        inputs = dict(zip(names, args))
+        for key, value in kwargs.items():
+            if key in inputs:
+                raise TypeError(f"{self.op.name}: input {key!r} given twice")
+            inputs[key] = value
+        return inputs
+
+    def __call__(self, *args, out=None, **kwargs):
+        """Run the op; returns a named tuple of TVM tensors (``out`` when given)."""
+        inputs = self._bind(args, kwargs)
+        sig = validate_inputs(self.op, inputs)
+        if sig.dtype != self.spec.dtype:
+            raise TypeError(f"{self.op.name}: compiled for {self.spec.dtype}, got {sig.dtype} inputs")
+        for key in ("I", "H"):
+            want = self.spec.input_size if key == "I" else self.spec.cell_size
+            if sig.sizes[key] != want:
+                raise ValueError(f"{self.op.name}: compiled for {key}={want}, got {key}={sig.sizes[key]}")
+        shapes = expected_output_shapes(self.op, sig.sizes)
+        outputs = self._outputs(shapes, out)
+        args = [inputs[n] for n in self.op.input_names if n != "seq_len_max"]
+        if self.op.kind == "sequence":
+            args.insert(0, sig.seq_len_max)
+        self.func(*args, *outputs)
+        return output_tuple(self.op.name)(*outputs)
+
+    def _outputs(self, shapes: dict, out):
+        if out is None:
+            return [tvm.runtime.empty(s, self.spec.dtype, self.device) for s in shapes.values()]
+        out = list(out)
+        if len(out) != len(shapes):
+            raise TypeError(f"{self.op.name}: out= needs {len(shapes)} tensors, got {len(out)}")
+        for (name, shape), tensor in zip(shapes.items(), out):
+            if tuple(tensor.shape) != shape or str(tensor.dtype) != self.spec.dtype:
+                raise ValueError(
+                    f"{self.op.name}: output {name!r} expected {self.spec.dtype}{list(shape)}, "
+                    f"got {tensor.dtype}{list(tensor.shape)}")
+        return out
+
+
+def compile(op_name: str, *, target="llvm", dtype: str = "float32", input_size: int,
+            cell_size: int, device=None, **attrs) -> CompiledOp:
+    """Compile ``op_name`` (a TF op name, see :data:`lstm_tvm.OPS`) and return the callable.
+
+    Parameters
+    ----------
+    op_name : str
+        ``LSTMBlockCell``, ``LSTMBlockCellGrad``, ``BlockLSTM``, ``BlockLSTMGrad``,
+        ``BlockLSTMV2`` or ``BlockLSTMGradV2``.
+    target : str, dict or tvm.target.Target
+        ``"llvm"`` (this host's CPU), a target JSON dict, or a ``Target``.
+    dtype : str
+        ``"float32"`` or ``"float16"``.
+    input_size, cell_size : int
+        ``I`` and ``H``; time and batch sizes stay dynamic.
+    **attrs
+        The op's attributes (TF's names and defaults, e.g. ``forget_bias``, ``use_peephole``).
+    """
+    op = _checked_op(op_name)
+    if dtype not in DTYPES:
+        raise TypeError(f"{op_name}: dtype expected one of {list(DTYPES)}, got {dtype!r}")
+    for name, value in (("input_size", input_size), ("cell_size", cell_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{op_name}: {name} expected an int >= 1, got {value!r}")
+    full = validate_attrs(op, attrs)
+    spec = _build.make_spec(op.name, dtype, input_size, cell_size, full, target)
+    return CompiledOp(spec, device)
+
+
+def _checked_op(op_name):
+    if op_name not in OPS:
+        raise ValueError(f"unknown op {op_name!r}; expected one of {list(OPS)}")
+    return OPS[op_name]

@@ -1,0 +1,164 @@
+"""From a :class:`BuildSpec` to a loaded TVM module: build, schedule, cache.
+
+A spec names everything a compiled kernel depends on: the op, dtype, input and cell sizes,
+the compile-time attributes and the target (``T`` and ``B`` stay symbolic). ``get_module``
+returns the module from memory, else from the disk cache, else builds it under a file lock
+and publishes it with an atomic rename, so concurrent processes never see half a file and the
+next process does not recompile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+from filelock import FileLock
+
+from . import env
+from ._tvm import resolve_target, target_key, tvm
+from .kernels import BUILDERS, cell_grad_matmul
+from .registry import get_op
+from .schedule import schedule_for
+
+log = logging.getLogger(__name__)
+
+#: Bumped whenever generated code changes, so stale cache entries are never loaded.
+KERNEL_VERSION = "1"
+
+#: Pseudo-op name of the cell-gradient matmul helper (not a TF op).
+CELL_GRAD_MATMUL = "CellGradMatmul"
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSpec:
+    """The cache key of one compiled kernel.
+
+    ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON.
+    """
+
+    op: str
+    dtype: str
+    input_size: int
+    cell_size: int
+    attrs: tuple
+    target: str
+
+    @property
+    def func_name(self) -> str:
+        """The exported function's name, ``lstm_tvm_<op>_<dtype>``."""
+        return f"lstm_tvm_{self.op}_{self.dtype}"
+
+    def digest(self) -> str:
+        payload = json.dumps(
+            [dataclasses.asdict(self), KERNEL_VERSION, tvm.__version__], sort_keys=True
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:24]
+
+
+def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
+              target=None) -> BuildSpec:
+    """A :class:`BuildSpec` with attrs normalised and the target resolved to its JSON."""
+    norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
+    return BuildSpec(op, dtype, int(input_size), int(cell_size), norm,
+                     target_key(resolve_target(target)))
+
+
+def primfunc(spec: BuildSpec):
+    """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name`."""
+    attrs = dict(spec.attrs)
+    if spec.op == CELL_GRAD_MATMUL:
+        func = cell_grad_matmul(spec.dtype, spec.input_size, spec.cell_size)
+    else:
+        func = BUILDERS[spec.op](get_op(spec.op), spec.dtype, spec.input_size, spec.cell_size, attrs)
+    target = resolve_target(json.loads(spec.target))
+    func = schedule_for(spec.op, func, target)
+    return func.with_attr("global_symbol", spec.func_name)
+
+
+def build(spec: BuildSpec):
+    """Compile ``spec`` with ``tvm.compile``; returns the ``tvm.runtime.Executable``."""
+    target = resolve_target(json.loads(spec.target))
+    mod = tvm.IRModule({spec.func_name: primfunc(spec)})
+    return tvm.compile(mod, target=target)
+
+
+_memory: dict[BuildSpec, object] = {}
+_memory_lock = threading.Lock()
+
+
+def cache_path(spec: BuildSpec) -> Path:
+    """Where ``spec``'s shared library lives in the disk cache."""
+    return env.cache_dir() / f"tvm-{tvm.__version__}" / f"{spec.op}-{spec.dtype}-{spec.digest()}.so"
+
+
+def get_module(spec: BuildSpec):
+    """The loaded ``tvm.runtime.Module`` for ``spec`` (memory, then disk, then build)."""
+    with _memory_lock:
+        mod = _memory.get(spec)
+    if mod is not None:
+        return mod
+    mod = _load_or_build(spec)
+    with _memory_lock:
+        return _memory.setdefault(spec, mod)
+
+
+def _load_or_build(spec: BuildSpec):
+    path = cache_path(spec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        mod = _load_verified(spec, path)
+        if mod is not None:
+            return mod
+        log.info("lstm_tvm: compiling %s %s I=%d H=%d", spec.op, spec.dtype,
+                 spec.input_size, spec.cell_size)
+        executable = build(spec)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        os.close(fd)
+        try:
+            executable.export_library(tmp)
+            digest = _file_sha256(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+        _meta_path(path).write_text(json.dumps(
+            {"spec": dataclasses.asdict(spec), "sha256": digest, "tvm": tvm.__version__}))
+        return tvm.runtime.load_module(str(path))
+
+
+def _meta_path(path: Path) -> Path:
+    return path.with_suffix(".json")
+
+
+def _load_verified(spec: BuildSpec, path: Path):
+    """Load a cache entry only if its checksum and spec match; otherwise drop it."""
+    meta = _meta_path(path)
+    if not (path.exists() and meta.exists()):
+        return None
+    try:
+        info = json.loads(meta.read_text())
+        if info.get("spec") != json.loads(json.dumps(dataclasses.asdict(spec))):
+            raise ValueError("spec mismatch")
+        if info.get("sha256") != _file_sha256(path):
+            raise ValueError("checksum mismatch")
+        return tvm.runtime.load_module(str(path))
+    except Exception as err:  # a corrupted entry is rebuilt, never trusted
+        log.warning("lstm_tvm: discarding cache entry %s (%s)", path, err)
+        for p in (path, meta):
+            p.unlink(missing_ok=True)
+        return None
+
+
+def _file_sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(functools.partial(fh.read, 1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

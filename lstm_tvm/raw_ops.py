@@ -1,0 +1,137 @@
+"""Drop-in counterparts of ``tf.raw_ops.<Op>`` for the six LSTM block ops.
+
+``lstm_tvm.raw_ops.BlockLSTMGradV2(seq_len_max=..., x=..., ..., use_peephole=False)`` takes
+the same keyword arguments as TensorFlow's, as NumPy arrays or objects with ``__dlpack__``,
+and returns a named tuple of NumPy arrays with TF's output names, order, shapes and dtype.
+Kernels compile on first use and are cached by (op, dtype, sizes, attributes, target).
+Padded steps (``t >= seq_len_max``) are zero in every output.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+
+from . import build as _build
+from ._tvm import tvm
+from .api import compile as _compile
+from .api import output_tuple
+from .registry import OPS, OpSpec
+from .validation import expected_output_shapes, validate_attrs, validate_inputs
+
+__all__ = list(OPS) + ["run", "cell_grad_matmul"]
+
+
+def _to_numpy(value):
+    if isinstance(value, np.ndarray):
+        return value
+    if hasattr(value, "__dlpack__") and not isinstance(value, (int, float, bool)):
+        return np.from_dlpack(value)
+    if hasattr(value, "numpy") and callable(value.numpy):  # e.g. a TVM tensor or eager TF tensor
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def run(op_name: str, inputs: dict, attrs: dict | None = None, *, target="llvm"):
+    """Run ``op_name`` on NumPy-convertible ``inputs`` with ``attrs``; see the module doc."""
+    op = OPS[op_name]
+    arrays = {}
+    for name, value in inputs.items():
+        arrays[name] = value if (name == "seq_len_max" and _is_int_scalar(value)) else _to_numpy(value)
+    sig = validate_inputs(op, arrays)
+    full = validate_attrs(op, attrs or {})
+    shapes = expected_output_shapes(op, sig.sizes)
+    result = output_tuple(op.name)
+    if any(0 in s for s in _input_shapes(op, arrays)):
+        return result(*(np.zeros(s, sig.dtype) for s in shapes.values()))
+    compiled = _compile(op.name, target=target, dtype=sig.dtype, input_size=sig.sizes["I"],
+                        cell_size=sig.sizes["H"], **full)
+    dev = compiled.device
+    tensors = {n: tvm.runtime.tensor(np.ascontiguousarray(arrays[n]), dev)
+               for n in op.input_names if n != "seq_len_max"}
+    if op.kind == "sequence":
+        tensors["seq_len_max"] = sig.seq_len_max
+    outs = compiled(**tensors)
+    return result(*(t.numpy() for t in outs))
+
+
+def _is_int_scalar(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _input_shapes(op: OpSpec, arrays):
+    return [tuple(arrays[n].shape) for n in op.input_names if n != "seq_len_max"]
+
+
+def _make(op: OpSpec):
+    def fn(**kwargs):
+        kwargs.pop("name", None)
+        unknown = set(kwargs) - set(op.input_names) - set(op.attr_names)
+        if unknown:
+            raise TypeError(f"{op.name}: unexpected argument(s) {sorted(unknown)}; expected "
+                            f"inputs {list(op.input_names)} and attributes {list(op.attr_names)}")
+        inputs = {k: v for k, v in kwargs.items() if k in op.input_names}
+        attrs = {k: v for k, v in kwargs.items() if k in op.attr_names}
+        return run(op.name, inputs, attrs)
+
+    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
+    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
+                                 default=inspect.Parameter.empty if a.required else a.default)
+               for a in op.attrs]
+    params.append(inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None))
+    fn.__signature__ = inspect.Signature(params)
+    fn.__name__ = fn.__qualname__ = op.name
+    fn.__doc__ = (f"{op.doc}\n\nInputs: {', '.join(op.input_names)}.\n"
+                  f"Outputs: {', '.join(op.output_names)}.\n"
+                  f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in op.attrs)}.\n")
+    return fn
+
+
+for _op in OPS.values():
+    globals()[_op.name] = _make(_op)
+
+
+def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm"):
+    """The matmul part of a cell's gradient, as TF's Python gradient of ``LSTMBlockCell``.
+
+    ``xh_grad = dicfo @ w^T`` gives ``x_grad`` (`(B, I)`) and ``h_prev_grad`` (`(B, H)`);
+    ``w_grad = [x, h_prev]^T @ dicfo`` (`(I+H, 4H)`); ``b_grad = sum_b dicfo`` (`(4H,)`).
+    Returns a named tuple ``(x_grad, h_prev_grad, w_grad, b_grad)`` of NumPy arrays.
+    """
+    from .kernels.cell_grad_matmul import INPUTS
+
+    arrays = dict(zip(INPUTS, (_to_numpy(v) for v in (x, h_prev, w, dicfo))))
+    dtype, (B, I, H) = _check_cell_grad_matmul(arrays)
+    shapes = [(B, I), (B, H), (I + H, 4 * H), (4 * H,)]
+    result = output_tuple(_build.CELL_GRAD_MATMUL)
+    if B == 0:
+        return result(*(np.zeros(s, dtype) for s in shapes))
+    spec = _build.make_spec(_build.CELL_GRAD_MATMUL, dtype, I, H, {}, target)
+    mod = _build.get_module(spec)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(arrays[n]), dev) for n in INPUTS]
+    outs = [tvm.runtime.empty(s, dtype, dev) for s in shapes]
+    mod[spec.func_name](*args, *outs)
+    return result(*(t.numpy() for t in outs))
+
+
+def _check_cell_grad_matmul(arrays):
+    where = "cell_grad_matmul"
+    dtypes = {n: str(a.dtype) for n, a in arrays.items()}
+    if dtypes["x"] not in ("float32", "float16"):
+        raise TypeError(f"{where}: input 'x' has dtype {dtypes['x']}; expected float16 or float32")
+    for n, d in dtypes.items():
+        if d != dtypes["x"]:
+            raise TypeError(f"{where}: input {n!r} has dtype {d}; expected {dtypes['x']} like 'x'")
+    for n, a in arrays.items():
+        if a.ndim != 2:
+            raise ValueError(f"{where}: input {n!r} expected rank 2, got shape {a.shape}")
+    (B, I), H = arrays["x"].shape, arrays["h_prev"].shape[1]
+    want = {"x": (B, I), "h_prev": (B, H), "w": (I + H, 4 * H), "dicfo": (B, 4 * H)}
+    for n, shape in want.items():
+        if arrays[n].shape != shape:
+            raise ValueError(f"{where}: input {n!r} expected shape {shape}, got {arrays[n].shape}")
+    if I < 1 or H < 1:
+        raise ValueError(f"{where}: input and cell sizes must be >= 1, got I={I}, H={H}")
+    return dtypes["x"], (B, I, H)
