@@ -3,6 +3,7 @@
 Only the carry ``dh`` is truly serial. The time loop (block ``step``, t = seq_len_max-1..0)
 runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients ``dicfo`` and
 the carried ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
+``w`` is transposed once (block ``w_t``) so both products run along contiguous rows.
 After the loop, ``x_grad`` and ``w_grad`` are each one GEMM over all steps
 (``x_grad_gemm``, ``w_grad_x``, ``w_grad_h``), and ``b_grad`` and the peephole gradients
 are reductions of ``dicfo``. Everything accumulates in float32.
@@ -68,6 +69,11 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         wg = T.alloc_buffer((I + H, G), ACC)
         bg = T.alloc_buffer((G,), ACC)
         pg = T.alloc_buffer((3, H), ACC)
+        w_t = T.alloc_buffer((G, I + H), ACC)
+        for j, k in T.grid(G, I + H):
+            with T.sblock("w_t"):
+                vj, vk = T.axis.remap("SS", [j, k])
+                w_t[vj, vk] = f32(w[vk, vj])
         for b, k in T.grid(Bn, H):
             with T.sblock("state_init"):
                 vb, vk = T.axis.remap("SS", [b, k])
@@ -79,7 +85,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                 T.reads(i[vt, 0:Bn, 0:H], cs[vt - 1:vt + 1, 0:Bn, 0:H], f[vt, 0:Bn, 0:H],
                         o[vt, 0:Bn, 0:H], ci[vt, 0:Bn, 0:H], co[vt, 0:Bn, 0:H],
                         cs_prev[0:Bn, 0:H], cs_grad[vt, 0:Bn, 0:H], h_grad[vt, 0:Bn, 0:H],
-                        wci[0:H], wcf[0:H], wco[0:H], w[I:I + H, 0:G],
+                        wci[0:H], wcf[0:H], wco[0:H], w_t[0:G, I:I + H],
                         dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dicfo[vt, 0:Bn, 0:G])
                 T.writes(dicfo[vt, 0:Bn, 0:G], dh[0:Bn, 0:H], dcs[0:Bn, 0:H])
                 for b, k in T.grid(Bn, H):
@@ -102,13 +108,13 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         vb, vk, vj = T.axis.remap("SSR", [b, k, j])
                         with T.init():
                             dh[vb, vk] = zero
-                        dh[vb, vk] = dh[vb, vk] + dicfo[vt, vb, vj] * f32(w[I + vk, vj])
+                        dh[vb, vk] = dh[vb, vk] + dicfo[vt, vb, vj] * w_t[vj, I + vk]
         for t, b, k, j in T.grid(seq_len_max, Bn, I, G):
             with T.sblock("x_grad_gemm"):
                 vt, vb, vk, vj = T.axis.remap("SSSR", [t, b, k, j])
                 with T.init():
                     xg[vt, vb, vk] = zero
-                xg[vt, vb, vk] = xg[vt, vb, vk] + dicfo[vt, vb, vj] * f32(w[vk, vj])
+                xg[vt, vb, vk] = xg[vt, vb, vk] + dicfo[vt, vb, vj] * w_t[vj, vk]
         for k, j in T.grid(I + H, G):
             with T.sblock("w_grad_init"):
                 vk, vj = T.axis.remap("SS", [k, j])
