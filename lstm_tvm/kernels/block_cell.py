@@ -113,7 +113,10 @@ def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int
         wcf_grad = T.match_buffer(wcf_grad_h, (H,), dtype)
         wco_grad = T.match_buffer(wco_grad_h, (H,), dtype)
         d4 = T.alloc_buffer((Bn, G), ACC)
-        peep_acc = T.alloc_buffer((3, H), ACC)
+        pci = T.alloc_buffer((H,), ACC)
+        pcf = T.alloc_buffer((H,), ACC)
+        pco = T.alloc_buffer((H,), ACC)
+        ran_peep = T.meta_var(Bn > 0 and peep)
         for b, k in T.grid(Bn, H):
             with T.sblock("cell_grad"):
                 vb, vk = T.axis.remap("SS", [b, k])
@@ -131,22 +134,31 @@ def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int
             with T.sblock("dicfo"):
                 vb, vj = T.axis.remap("SS", [b, j])
                 dicfo[vb, vj] = store(d4[vb, vj], dtype)
-        for p, k in T.grid(3, H):
-            with T.sblock("peephole_grad_init"):
-                vp, vk = T.axis.remap("SS", [p, k])
-                peep_acc[vp, vk] = T.float32(0)
         if peep:
             for k, b in T.grid(H, Bn):
-                with T.sblock("peephole_grad"):
+                with T.sblock("wci_grad"):
                     vk, vb = T.axis.remap("SR", [k, b])
-                    peep_acc[0, vk] = peep_acc[0, vk] + d4[vb, oi + vk] * f32(cs_prev[vb, vk])
-                    peep_acc[1, vk] = peep_acc[1, vk] + d4[vb, of + vk] * f32(cs_prev[vb, vk])
-                    peep_acc[2, vk] = peep_acc[2, vk] + d4[vb, oo + vk] * f32(cs[vb, vk])
+                    with T.init():
+                        pci[vk] = T.float32(0)
+                    pci[vk] = pci[vk] + d4[vb, oi + vk] * f32(cs_prev[vb, vk])
+            for k, b in T.grid(H, Bn):
+                with T.sblock("wcf_grad"):
+                    vk, vb = T.axis.remap("SR", [k, b])
+                    with T.init():
+                        pcf[vk] = T.float32(0)
+                    pcf[vk] = pcf[vk] + d4[vb, of + vk] * f32(cs_prev[vb, vk])
+            for k, b in T.grid(H, Bn):
+                with T.sblock("wco_grad"):
+                    vk, vb = T.axis.remap("SR", [k, b])
+                    with T.init():
+                        pco[vk] = T.float32(0)
+                    pco[vk] = pco[vk] + d4[vb, oo + vk] * f32(cs[vb, vk])
         for k in range(H):
             with T.sblock("peephole_grad_out"):
                 vk = T.axis.remap("S", [k])
-                wci_grad[vk] = store(peep_acc[0, vk], dtype)
-                wcf_grad[vk] = store(peep_acc[1, vk], dtype)
-                wco_grad[vk] = store(peep_acc[2, vk], dtype)
+                # A reduction over an empty batch never ran its init.
+                wci_grad[vk] = T.if_then_else(ran_peep, store(pci[vk], dtype), T.Cast(dtype, 0))
+                wcf_grad[vk] = T.if_then_else(ran_peep, store(pcf[vk], dtype), T.Cast(dtype, 0))
+                wco_grad[vk] = T.if_then_else(ran_peep, store(pco[vk], dtype), T.Cast(dtype, 0))
 
     return func

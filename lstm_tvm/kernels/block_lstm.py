@@ -2,15 +2,16 @@
 
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM (block ``xw``); the time
 loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block
-``gates``) and the fused gate math (block ``cell``), keeping the state in float32 scratch
-buffers. Steps ``t >= seq_len_max`` are zero in every output (block ``pad``).
+``gates``) and the fused gate math (block ``cell``); block ``state_update`` reloads the
+stored ``h`` and ``cs`` (rounded to the storage dtype, as TF feeds them back) as the next
+step's float32 state. Steps ``t >= seq_len_max`` are zero in every output (block ``pad``).
 """
 
 from __future__ import annotations
 
 from .._tvm import T
 from ..registry import OpSpec, forget_bias_of
-from ._gates import ACC, CellConfig, cell_forward, f32, gate_offsets, rounded, store
+from ._gates import ACC, CellConfig, cell_forward, f32, gate_offsets, store
 
 
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
@@ -63,7 +64,8 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
             with T.sblock("step"):
                 vt = T.axis.opaque(Tn, t)
                 T.reads(xw[vt, 0:Bn, 0:G], w[I:I + H, 0:G], h_state[0:Bn, 0:H],
-                        cs_state[0:Bn, 0:H], wci[0:H], wcf[0:H], wco[0:H], gates[0:Bn, 0:G])
+                        cs_state[0:Bn, 0:H], wci[0:H], wcf[0:H], wco[0:H], gates[0:Bn, 0:G],
+                        cs[vt, 0:Bn, 0:H], h[vt, 0:Bn, 0:H])
                 T.writes(gates[0:Bn, 0:G], h_state[0:Bn, 0:H], cs_state[0:Bn, 0:H],
                          i[vt, 0:Bn, 0:H], cs[vt, 0:Bn, 0:H], f[vt, 0:Bn, 0:H],
                          o[vt, 0:Bn, 0:H], ci[vt, 0:Bn, 0:H], co[vt, 0:Bn, 0:H],
@@ -88,8 +90,11 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
                         ci[vt, vb, vk] = store(vci, dtype)
                         co[vt, vb, vk] = store(vco, dtype)
                         h[vt, vb, vk] = store(vh, dtype)
-                        h_state[vb, vk] = rounded(vh, dtype)
-                        cs_state[vb, vk] = rounded(vcs, dtype)
+                for b, k in T.grid(Bn, H):
+                    with T.sblock("state_update"):
+                        vb, vk = T.axis.remap("SS", [b, k])
+                        h_state[vb, vk] = f32(h[vt, vb, vk])
+                        cs_state[vb, vk] = f32(cs[vt, vb, vk])
         for t, b, k in T.grid(Tn - seq_len_max, Bn, H):
             with T.sblock("pad"):
                 vt, vb, vk = T.axis.remap("SSS", [t, b, k])

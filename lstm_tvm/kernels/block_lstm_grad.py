@@ -62,13 +62,20 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         wcf_grad = T.match_buffer(wcf_grad_h, (H,), dtype)
         wco_grad = T.match_buffer(wco_grad_h, (H,), dtype)
         b_grad = T.match_buffer(b_grad_h, (G,), dtype)
+        # Reductions over (t, b) never ran their init when seq_len_max * B == 0.
+        ran = T.meta_var(seq_len_max * Bn > 0)
+        ran_peep = T.meta_var(seq_len_max * Bn > 0 and peep)
         dicfo = T.alloc_buffer((Tn, Bn, G), ACC)
         dh = T.alloc_buffer((Bn, H), ACC)
         dcs = T.alloc_buffer((Bn, H), ACC)
+        dcs_next = T.alloc_buffer((Bn, H), ACC)
         xg = T.alloc_buffer((Tn, Bn, I), ACC)
-        wg = T.alloc_buffer((I + H, G), ACC)
+        wgx = T.alloc_buffer((I, G), ACC)
+        wgh = T.alloc_buffer((H, G), ACC)
         bg = T.alloc_buffer((G,), ACC)
-        pg = T.alloc_buffer((3, H), ACC)
+        pci = T.alloc_buffer((H,), ACC)
+        pcf = T.alloc_buffer((H,), ACC)
+        pco = T.alloc_buffer((H,), ACC)
         w_t = T.alloc_buffer((G, I + H), ACC)
         for j, k in T.grid(G, I + H):
             with T.sblock("w_t"):
@@ -86,8 +93,9 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         o[vt, 0:Bn, 0:H], ci[vt, 0:Bn, 0:H], co[vt, 0:Bn, 0:H],
                         cs_prev[0:Bn, 0:H], cs_grad[vt, 0:Bn, 0:H], h_grad[vt, 0:Bn, 0:H],
                         wci[0:H], wcf[0:H], wco[0:H], w_t[0:G, I:I + H],
-                        dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dicfo[vt, 0:Bn, 0:G])
-                T.writes(dicfo[vt, 0:Bn, 0:G], dh[0:Bn, 0:H], dcs[0:Bn, 0:H])
+                        dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dcs_next[0:Bn, 0:H],
+                        dicfo[vt, 0:Bn, 0:G])
+                T.writes(dicfo[vt, 0:Bn, 0:G], dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dcs_next[0:Bn, 0:H])
                 for b, k in T.grid(Bn, H):
                     with T.sblock("cell_grad"):
                         vb, vk = T.axis.remap("SS", [b, k])
@@ -102,7 +110,11 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         dicfo[vt, vb, oc + vk] = dci
                         dicfo[vt, vb, of + vk] = df
                         dicfo[vt, vb, oo + vk] = do
-                        dcs[vb, vk] = dcp
+                        dcs_next[vb, vk] = dcp
+                for b, k in T.grid(Bn, H):
+                    with T.sblock("dcs_update"):
+                        vb, vk = T.axis.remap("SS", [b, k])
+                        dcs[vb, vk] = dcs_next[vb, vk]
                 for b, k, j in T.grid(Bn, H, G):
                     with T.sblock("dh"):
                         vb, vk, vj = T.axis.remap("SSR", [b, k, j])
@@ -115,40 +127,46 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                 with T.init():
                     xg[vt, vb, vk] = zero
                 xg[vt, vb, vk] = xg[vt, vb, vk] + dicfo[vt, vb, vj] * w_t[vj, vk]
-        for k, j in T.grid(I + H, G):
-            with T.sblock("w_grad_init"):
-                vk, vj = T.axis.remap("SS", [k, j])
-                wg[vk, vj] = zero
         for k, j, t, b in T.grid(I, G, seq_len_max, Bn):
             with T.sblock("w_grad_x"):
                 vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, b])
-                wg[vk, vj] = wg[vk, vj] + f32(x[vt, vb, vk]) * dicfo[vt, vb, vj]
+                with T.init():
+                    wgx[vk, vj] = zero
+                wgx[vk, vj] = wgx[vk, vj] + f32(x[vt, vb, vk]) * dicfo[vt, vb, vj]
         for k, j, t, b in T.grid(H, G, seq_len_max, Bn):
             with T.sblock("w_grad_h"):
                 vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, b])
-                wg[I + vk, vj] = wg[I + vk, vj] + T.if_then_else(
+                with T.init():
+                    wgh[vk, vj] = zero
+                wgh[vk, vj] = wgh[vk, vj] + T.if_then_else(
                     vt > 0, f32(h[vt - 1, vb, vk]), f32(h_prev[vb, vk])) * dicfo[vt, vb, vj]
-        for j in range(G):
-            with T.sblock("b_grad_init"):
-                vj = T.axis.remap("S", [j])
-                bg[vj] = zero
         for j, t, b in T.grid(G, seq_len_max, Bn):
             with T.sblock("b_grad"):
                 vj, vt, vb = T.axis.remap("SRR", [j, t, b])
+                with T.init():
+                    bg[vj] = zero
                 bg[vj] = bg[vj] + dicfo[vt, vb, vj]
-        for p, k in T.grid(3, H):
-            with T.sblock("peephole_grad_init"):
-                vp, vk = T.axis.remap("SS", [p, k])
-                pg[vp, vk] = zero
         if peep:
             for k, t, b in T.grid(H, seq_len_max, Bn):
-                with T.sblock("peephole_grad"):
+                with T.sblock("wci_grad"):
                     vk, vt, vb = T.axis.remap("SRR", [k, t, b])
-                    pg[0, vk] = pg[0, vk] + dicfo[vt, vb, oi + vk] * T.if_then_else(
+                    with T.init():
+                        pci[vk] = zero
+                    pci[vk] = pci[vk] + dicfo[vt, vb, oi + vk] * T.if_then_else(
                         vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk]))
-                    pg[1, vk] = pg[1, vk] + dicfo[vt, vb, of + vk] * T.if_then_else(
+            for k, t, b in T.grid(H, seq_len_max, Bn):
+                with T.sblock("wcf_grad"):
+                    vk, vt, vb = T.axis.remap("SRR", [k, t, b])
+                    with T.init():
+                        pcf[vk] = zero
+                    pcf[vk] = pcf[vk] + dicfo[vt, vb, of + vk] * T.if_then_else(
                         vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk]))
-                    pg[2, vk] = pg[2, vk] + dicfo[vt, vb, oo + vk] * f32(cs[vt, vb, vk])
+            for k, t, b in T.grid(H, seq_len_max, Bn):
+                with T.sblock("wco_grad"):
+                    vk, vt, vb = T.axis.remap("SRR", [k, t, b])
+                    with T.init():
+                        pco[vk] = zero
+                    pco[vk] = pco[vk] + dicfo[vt, vb, oo + vk] * f32(cs[vt, vb, vk])
         for t, b, k in T.grid(Tn, Bn, I):
             with T.sblock("x_grad_out"):
                 vt, vb, vk = T.axis.remap("SSS", [t, b, k])
@@ -162,16 +180,17 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         for k, j in T.grid(I + H, G):
             with T.sblock("w_grad_out"):
                 vk, vj = T.axis.remap("SS", [k, j])
-                w_grad[vk, vj] = store(wg[vk, vj], dtype)
+                w_grad[vk, vj] = T.if_then_else(ran, store(T.if_then_else(
+                    vk < I, wgx[vk, vj], wgh[vk - I, vj]), dtype), T.Cast(dtype, 0))
         for j in range(G):
             with T.sblock("b_grad_out"):
                 vj = T.axis.remap("S", [j])
-                b_grad[vj] = store(bg[vj], dtype)
+                b_grad[vj] = T.if_then_else(ran, store(bg[vj], dtype), T.Cast(dtype, 0))
         for k in range(H):
             with T.sblock("peephole_grad_out"):
                 vk = T.axis.remap("S", [k])
-                wci_grad[vk] = store(pg[0, vk], dtype)
-                wcf_grad[vk] = store(pg[1, vk], dtype)
-                wco_grad[vk] = store(pg[2, vk], dtype)
+                wci_grad[vk] = T.if_then_else(ran_peep, store(pci[vk], dtype), T.Cast(dtype, 0))
+                wcf_grad[vk] = T.if_then_else(ran_peep, store(pcf[vk], dtype), T.Cast(dtype, 0))
+                wco_grad[vk] = T.if_then_else(ran_peep, store(pco[vk], dtype), T.Cast(dtype, 0))
 
     return func

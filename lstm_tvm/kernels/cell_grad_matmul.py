@@ -44,37 +44,34 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
                 with T.init():
                     xhg[vb, vk] = zero
                 xhg[vb, vk] = xhg[vb, vk] + f32(dicfo[vb, vj]) * f32(w[vk, vj])
-        for k, j in T.grid(I + H, G):
-            with T.sblock("w_grad_init"):
-                vk, vj = T.axis.remap("SS", [k, j])
-                wg[vk, vj] = zero
         for k, j, b in T.grid(I + H, G, Bn):
             with T.sblock("w_grad"):
                 vk, vj, vb = T.axis.remap("SSR", [k, j, b])
+                with T.init():
+                    wg[vk, vj] = zero
                 wg[vk, vj] = wg[vk, vj] + T.if_then_else(
                     vk < I, f32(x[vb, vk]), f32(h_prev[vb, vk - I])) * f32(dicfo[vb, vj])
-        for j in range(G):
-            with T.sblock("b_grad_init"):
-                vj = T.axis.remap("S", [j])
-                bg[vj] = zero
         for j, b in T.grid(G, Bn):
             with T.sblock("b_grad"):
                 vj, vb = T.axis.remap("SR", [j, b])
+                with T.init():
+                    bg[vj] = zero
                 bg[vj] = bg[vj] + f32(dicfo[vb, vj])
-        for b, k in T.grid(Bn, I + H):
-            with T.sblock("xh_grad_out"):
+        for b, k in T.grid(Bn, I):
+            with T.sblock("x_grad_out"):
                 vb, vk = T.axis.remap("SS", [b, k])
-                if vk < I:
-                    x_grad[vb, vk] = store(xhg[vb, vk], dtype)
-                else:
-                    h_prev_grad[vb, vk - I] = store(xhg[vb, vk], dtype)
+                x_grad[vb, vk] = store(xhg[vb, vk], dtype)
+        for b, k in T.grid(Bn, H):
+            with T.sblock("h_prev_grad_out"):
+                vb, vk = T.axis.remap("SS", [b, k])
+                h_prev_grad[vb, vk] = store(xhg[vb, I + vk], dtype)
         for k, j in T.grid(I + H, G):
             with T.sblock("w_grad_out"):
                 vk, vj = T.axis.remap("SS", [k, j])
-                w_grad[vk, vj] = store(wg[vk, vj], dtype)
+                w_grad[vk, vj] = T.if_then_else(Bn > 0, store(wg[vk, vj], dtype), T.Cast(dtype, 0))
         for j in range(G):
             with T.sblock("b_grad_out"):
                 vj = T.axis.remap("S", [j])
-                b_grad[vj] = store(bg[vj], dtype)
+                b_grad[vj] = T.if_then_else(Bn > 0, store(bg[vj], dtype), T.Cast(dtype, 0))
 
     return func

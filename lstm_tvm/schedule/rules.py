@@ -91,14 +91,7 @@ def _schedule_block(sch: Schedule, block) -> None:
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     if fused is not None:
         sch.parallel(fused)
+    if chunk:
+        sch.vectorize(inner)
     if reduce_ and stmt.init is not None:
         sch.decompose_reduction(block, reduce_[0])
-    if chunk and _vectorizable(stmt):
-        sch.vectorize(inner)
-
-
-def _vectorizable(stmt) -> bool:
-    """Vectorise only blocks without data-dependent branches (``if`` statements)."""
-    found = []
-    tirx.stmt_functor.post_order_visit(stmt.body, lambda n: found.append(isinstance(n, tirx.IfThenElse)))
-    return not any(found)

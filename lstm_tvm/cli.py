@@ -1,0 +1,292 @@
+"""The ``lstm-tvm`` command line: ``build`` (compile, verify, time), ``ops``, ``cache``.
+
+``lstm-tvm build`` compiles each requested op for this CPU, runs it on one shape, checks every
+output against the float64 NumPy reference with the tolerances of :mod:`lstm_tvm.testing`,
+times it and prints one row per (op, dtype, peephole). It exits with status 1 if any row fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+from . import __version__, env, reference, testing
+from . import build as _build
+from .api import compile as _compile
+from .registry import DTYPES, OPS
+
+__all__ = ["main", "op_table_markdown", "format_table"]
+
+
+# --- formatting ---------------------------------------------------------------------------------
+
+def format_table(headers, rows, right=()) -> str:
+    """Plain fixed-width text: a header, a rule and one line per row (cells are ``str()``-ed).
+
+    ``right`` holds the indices of right-aligned (numeric) columns.
+    """
+    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[k]) for r in cells) for k in range(len(headers))]
+
+    def line(row):
+        parts = [c.rjust(w) if k in right else c.ljust(w) for k, (c, w) in enumerate(zip(row, widths))]
+        return "  ".join(parts).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
+
+
+def _attr_text(op) -> str:
+    return ", ".join(f"{a.name} (required)" if a.required else f"{a.name}={a.default!r}"
+                     for a in op.attrs)
+
+
+def op_table_markdown() -> str:
+    """The op table of :data:`lstm_tvm.registry.OPS` as Markdown (pasted into the README)."""
+    lines = ["| op | kind | direction | gate layout | inputs | outputs | attributes (TF defaults) |",
+             "|---|---|---|---|---|---|---|"]
+    for op in OPS.values():
+        lines.append(f"| {op.name} | {op.kind} | {op.direction} | {op.gate_layout} "
+                     f"| {', '.join(op.input_names)} | {', '.join(op.output_names)} "
+                     f"| {_attr_text(op)} |")
+    return "\n".join(lines)
+
+
+def _op_table_text() -> str:
+    head = format_table(("op", "kind", "direction", "layout", "pair", "attributes (TF defaults)"),
+                        [(op.name, op.kind, op.direction, op.gate_layout, op.pair, _attr_text(op))
+                         for op in OPS.values()])
+    def sig(label, specs):
+        items = [f"{t.name}({','.join(t.shape)})" if t.shape else f"{t.name}:{t.dtype}"
+                 for t in specs]
+        return textwrap.fill(", ".join(items), width=100, initial_indent=f"  {label:<9}",
+                             subsequent_indent=" " * 11, break_on_hyphens=False)
+
+    blocks = [f"{op.name}\n{sig('inputs', op.inputs)}\n{sig('outputs', op.outputs)}"
+              for op in OPS.values()]
+    legend = ("Shapes in T (time), B (batch), I (input size), H (cell size); float tensors have "
+              "the op's dtype (float16 or float32), seq_len_max is an int64 scalar.")
+    return "\n\n".join([head, legend, "\n".join(blocks)])
+
+
+# --- build: one case ----------------------------------------------------------------------------
+
+def _to_device(inputs: dict, dev) -> dict:
+    """TVM tensors on ``dev`` for the float inputs; ``seq_len_max`` stays a Python int."""
+    from ._tvm import tvm
+
+    return {k: int(v) if k == "seq_len_max" else tvm.runtime.tensor(np.ascontiguousarray(v), dev)
+            for k, v in inputs.items()}
+
+
+def _verify(op_name: str, outputs, expected: dict, dtype: str) -> dict:
+    """Max abs error (and its output) over all outputs, and the assert_close verdicts."""
+    worst, max_err, failures = "", 0.0, []
+    for name, tensor in zip(outputs._fields, outputs):
+        actual = tensor.numpy().astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(actual - expected[name])
+        err = float(np.nan_to_num(diff, nan=np.inf).max(initial=0.0))
+        if err >= max_err:
+            worst, max_err = name, err
+        try:
+            testing.assert_close(actual, expected[name], dtype, f"{op_name}.{name}")
+        except AssertionError as exc:
+            failures.append(str(exc))
+    return {"max_abs_err": max_err, "worst_output": worst, "failures": failures}
+
+
+def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
+    """Compile, run, verify and time one (op, dtype, peephole); never raises."""
+    op = OPS[op_name]
+    rtol, atol = testing.tolerance(dtype)
+    row = {"op": op_name, "dtype": dtype, "use_peephole": peephole, "compile_s": None,
+           "run_ms": None, "max_abs_err": None, "worst_output": "", "rtol": rtol, "atol": atol,
+           "passed": False, "failures": []}
+    attrs = {"use_peephole": peephole}
+    try:
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=opts["batch"], I=opts["input_size"],
+                                     H=opts["cell_size"], attrs=attrs, seed=opts["seed"],
+                                     T=opts["seq_len"] if op.kind == "sequence" else None)
+        start = time.perf_counter()
+        compiled = _compile(op_name, target=opts["target"], dtype=dtype,
+                            input_size=opts["input_size"], cell_size=opts["cell_size"], **attrs)
+        row["compile_s"] = time.perf_counter() - start
+        tensors = _to_device(inputs, compiled.device)
+        outputs = compiled(**tensors)
+        row.update(_verify(op_name, outputs, reference.run(op_name, inputs, attrs), dtype))
+        times = []
+        for _ in range(opts["repeat"]):
+            start = time.perf_counter()
+            compiled(**tensors, out=outputs)
+            compiled.device.sync()
+            times.append(time.perf_counter() - start)
+        row["run_ms"] = 1e3 * statistics.median(times)
+        row["passed"] = not row["failures"]
+    except Exception as exc:  # a crashing case is a FAIL row, the others still run
+        row["failures"].append(f"{type(exc).__name__}: {exc}")
+    return row
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _result_rows(results):
+    fmt = _fmt
+    return [(r["op"], r["dtype"], "on" if r["use_peephole"] else "off", fmt(r["compile_s"], ".2f"),
+             fmt(r["run_ms"], ".3f"), fmt(r["max_abs_err"], ".2e"), r["worst_output"] or "-",
+             f"{r['rtol']:g}/{r['atol']:g}", "PASS" if r["passed"] else "FAIL") for r in results]
+
+
+@contextlib.contextmanager
+def _fresh_cache(enabled: bool):
+    """With ``enabled``, point ``LSTM_TVM_CACHE_DIR`` at a new temp dir (removed afterwards)."""
+    if not enabled:
+        yield env.cache_dir()
+        return
+    old = os.environ.get("LSTM_TVM_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="lstm-tvm-build-") as tmp:
+        os.environ["LSTM_TVM_CACHE_DIR"] = tmp
+        with _build._memory_lock:  # modules loaded earlier in this process would be reused
+            _build._memory.clear()
+        try:
+            yield Path(tmp)
+        finally:
+            if old is None:
+                os.environ.pop("LSTM_TVM_CACHE_DIR", None)
+            else:
+                os.environ["LSTM_TVM_CACHE_DIR"] = old
+
+
+# --- commands -----------------------------------------------------------------------------------
+
+def _split_choices(value: str, allowed, option: str) -> list[str]:
+    items = [s.strip() for s in value.split(",") if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad or not items:
+        raise click.BadParameter(f"unknown {bad or [value]}; expected a comma list of "
+                                 f"{list(allowed)}", param_hint=option)
+    return list(dict.fromkeys(items))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="lstm-tvm")
+def main():
+    """lstm_tvm: TensorFlow's six LSTM block ops compiled ahead of time by Apache TVM."""
+
+
+@main.command()
+@click.option("--ops", "ops_", default=",".join(OPS), show_default="all six",
+              help=f"Comma list of ops to build, among {', '.join(OPS)}.")
+@click.option("--dtype", "dtypes", default=",".join(DTYPES), show_default=True,
+              help="Comma list of dtypes.")
+@click.option("--peephole", type=click.Choice(["off", "on", "both"]), default="both",
+              show_default=True, help="Build with use_peephole off, on, or both.")
+@click.option("--target", default="llvm", show_default=True,
+              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@click.option("--seq-len", default=16, show_default=True, type=click.IntRange(0),
+              help="T (sequence ops).")
+@click.option("--batch", default=8, show_default=True, type=click.IntRange(0), help="B.")
+@click.option("--input-size", default=32, show_default=True, type=click.IntRange(1), help="I.")
+@click.option("--cell-size", default=32, show_default=True, type=click.IntRange(1), help="H.")
+@click.option("--repeat", default=20, show_default=True, type=click.IntRange(1),
+              help="Timed runs per case; the median is reported.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--no-cache", is_flag=True,
+              help="Compile into a fresh temporary cache, so compile times are real.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JSON to this file.")
+def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
+    """Compile, verify and time every (op, dtype, peephole) on one shape.
+
+    Each case is compiled for the target (timed; a disk-cache hit is fast unless --no-cache),
+    run once on random inputs and compared output by output with the float64 NumPy reference
+    (lstm_tvm.reference) under the lstm_tvm.testing tolerances, then timed: the median of
+    --repeat calls of the compiled op on TVM tensors made beforehand (no NumPy copies).
+    Exits with status 1 if any case fails.
+    """
+    ops = _split_choices(ops_, OPS, "--ops")
+    dts = _split_choices(dtypes, DTYPES, "--dtype")
+    peeps = {"off": [False], "on": [True], "both": [False, True]}[peephole]
+    cases = [(o, d, p) for o in ops for d in dts for p in peeps]
+    from tqdm import tqdm
+
+    with _fresh_cache(no_cache) as cache:
+        results = []
+        bar = tqdm(cases, desc="building", unit="op", file=sys.stderr, disable=None, leave=False)
+        for op_name, dtype, peep in bar:
+            bar.set_postfix_str(f"{op_name} {dtype} peephole={'on' if peep else 'off'}")
+            results.append(_run_case(op_name, dtype, peep, opts))
+    shape = {k: opts[k] for k in ("seq_len", "batch", "input_size", "cell_size")}
+    click.echo(f"target: {opts['target']}   shape: T={shape['seq_len']} B={shape['batch']} "
+               f"I={shape['input_size']} H={shape['cell_size']}   cache: "
+               f"{'fresh temporary dir' if no_cache else cache}   repeat: {opts['repeat']}")
+    click.echo(format_table(("op", "dtype", "peephole", "compile s", "run ms", "max abs err",
+                             "worst", "tol (rtol/atol)", "result"),
+                            _result_rows(results), right=(3, 4, 5)))
+    click.echo("PASS: |actual - ref| <= atol * max(1, max|ref|) + rtol * |ref| for every output "
+               "(lstm_tvm.testing.assert_close)")
+    failed = [r for r in results if not r["passed"]]
+    for r in failed:
+        click.echo(f"\nFAIL {r['op']} {r['dtype']} peephole={r['use_peephole']}:\n  "
+                   + "\n  ".join(r["failures"]), err=True)
+    if json_path is not None:
+        payload = {"target": opts["target"], "shape": shape, "repeat": opts["repeat"],
+                   "seed": opts["seed"], "no_cache": no_cache, "results": results,
+                   "passed": not failed}
+        json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    click.echo(f"{len(results) - len(failed)}/{len(results)} passed")
+    if failed:
+        sys.exit(1)
+
+
+@main.command("ops")
+@click.option("--markdown", is_flag=True, help="Print the Markdown table used in the README.")
+def ops_cmd(markdown):
+    """Print the op table from the registry: kind, direction, gate layout, inputs, outputs,
+    attributes with TF's defaults."""
+    click.echo(op_table_markdown() if markdown else _op_table_text())
+
+
+@main.group()
+def cache():
+    """Inspect or clear the disk cache of compiled modules (LSTM_TVM_CACHE_DIR)."""
+
+
+def _cache_dirs(root: Path) -> list[Path]:
+    """The per-TVM-version folders that lstm_tvm writes under the cache root."""
+    return sorted(p for p in root.glob("tvm-*") if p.is_dir()) if root.is_dir() else []
+
+
+@cache.command("info")
+def cache_info():
+    """Print the cache path, its number of compiled modules and its size on disk."""
+    root = env.cache_dir()
+    files = [f for d in _cache_dirs(root) for f in d.rglob("*") if f.is_file()]
+    size = sum(f.stat().st_size for f in files)
+    click.echo(f"path:    {root}")
+    click.echo(f"entries: {sum(1 for f in files if f.suffix == '.so')}")
+    click.echo(f"size:    {size / 2**20:.1f} MiB ({size} bytes)")
+
+
+@cache.command("clear")
+def cache_clear():
+    """Delete every compiled module in the cache (only the tvm-* folders lstm_tvm writes)."""
+    root = env.cache_dir()
+    dirs = _cache_dirs(root)
+    count = sum(1 for d in dirs for f in d.rglob("*.so"))
+    for d in dirs:
+        shutil.rmtree(d)
+    click.echo(f"removed {count} entries from {root}")

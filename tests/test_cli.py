@@ -1,0 +1,119 @@
+"""Tests for the ``lstm-tvm`` command line (lstm_tvm.cli) and the README's generated op table."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from lstm_tvm import build as _build
+from lstm_tvm import testing
+from lstm_tvm.cli import main, op_table_markdown
+from lstm_tvm.registry import OPS
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--seq-len", "3", "--batch", "2", "--input-size", "4", "--cell-size", "5", "--repeat", "2"]
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    """Every test compiles into its own empty cache (disk, and the in-process module cache)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("LSTM_TVM_CACHE_DIR", str(path))
+    monkeypatch.setattr(_build, "_memory", {})
+    return path
+
+
+def _result_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.split()[:1] and line.split()[0] in OPS]
+
+
+def test_build_tiny_passes(tmp_path):
+    report = tmp_path / "results.json"
+    args = ["build", "--ops", "LSTMBlockCell,BlockLSTMGradV2", "--dtype", "float32", *TINY,
+            "--json", str(report)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = _result_lines(result.stdout)
+    assert len(rows) == 4, result.stdout  # two ops x peephole off/on
+    assert all(row.split()[0] in ("LSTMBlockCell", "BlockLSTMGradV2") for row in rows)
+    assert all(row.endswith("PASS") for row in rows), result.stdout
+    assert "4/4 passed" in result.stdout
+    data = json.loads(report.read_text())
+    assert data["passed"] is True
+    assert [(r["op"], r["use_peephole"]) for r in data["results"]] == [
+        ("LSTMBlockCell", False), ("LSTMBlockCell", True),
+        ("BlockLSTMGradV2", False), ("BlockLSTMGradV2", True)]
+    for r in data["results"]:
+        assert (r["rtol"], r["atol"]) == testing.tolerance("float32")
+        assert r["max_abs_err"] < r["atol"] and r["run_ms"] > 0 and r["compile_s"] > 0
+
+
+def test_build_fails_with_status_1(monkeypatch):
+    monkeypatch.setitem(testing.TOLERANCE, "float32", (0.0, 0.0))
+    args = ["build", "--ops", "BlockLSTM", "--dtype", "float32", "--peephole", "off", *TINY]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    rows = _result_lines(result.stdout)
+    assert len(rows) == 1 and rows[0].endswith("FAIL"), result.stdout
+    assert "BlockLSTM.h (float32)" in result.stderr  # assert_close's message, per output
+
+
+@pytest.mark.parametrize("option, value", [("--ops", "BlockLSTM,NoSuchOp"), ("--dtype", "float64")])
+def test_build_rejects_unknown_choices(option, value):
+    result = CliRunner().invoke(main, ["build", option, value])
+    assert result.exit_code == 2
+    assert option in result.output and value.split(",")[-1] in result.output
+
+
+def test_ops_lists_every_registry_op():
+    result = CliRunner().invoke(main, ["ops"])
+    assert result.exit_code == 0, result.output
+    for op in OPS.values():
+        assert op.name in result.stdout
+        assert op.gate_layout in result.stdout
+
+
+def test_ops_markdown_is_op_table_markdown():
+    result = CliRunner().invoke(main, ["ops", "--markdown"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == op_table_markdown() + "\n"
+    table_ops = [line.split("|")[1].strip() for line in op_table_markdown().splitlines()[2:]]
+    assert table_ops == list(OPS)
+
+
+def test_readme_op_table_is_generated():
+    readme = (ROOT / "README.md").read_text()
+    begin, end = "<!-- op-table:begin -->", "<!-- op-table:end -->"
+    assert readme.count(begin) == 1 and readme.count(end) == 1
+    section = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert section.strip() == op_table_markdown(), (
+        "README op table is stale: paste the output of `lstm-tvm ops --markdown` between the markers")
+
+
+def test_cache_info_and_clear(cache_dir):
+    runner = CliRunner()
+    args = ["build", "--ops", "LSTMBlockCell", "--dtype", "float32", "--peephole", "off", *TINY]
+    assert runner.invoke(main, args).exit_code == 0
+    info = runner.invoke(main, ["cache", "info"])
+    assert info.exit_code == 0, info.output
+    assert str(cache_dir) in info.stdout and "entries: 1" in info.stdout
+    cleared = runner.invoke(main, ["cache", "clear"])
+    assert cleared.exit_code == 0 and "removed 1 entries" in cleared.stdout
+    assert "entries: 0" in runner.invoke(main, ["cache", "info"]).stdout
+
+
+def test_python_m_lstm_tvm_help():
+    proc = subprocess.run([sys.executable, "-m", "lstm_tvm", "--help"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("build", "ops", "cache"):
+        assert command in proc.stdout
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))

@@ -1,0 +1,118 @@
+"""The compiled kernels (through ``lstm_tvm.raw_ops``) against TF 2.21 and the float64 reference.
+
+Every op x {float32, float16} x {peephole off, on} x shapes with B = 1, odd I and H, T = 1;
+sequence ops with seq_len_max in {0, 1, T-1, T}; forward attributes including active clipping.
+Against TF, TF's own float16 error bounds the comparison (``tf_tolerance``); against the
+float64 reference lstm_tvm's tighter table applies (``TOLERANCE``).
+"""
+
+import numpy as np
+import pytest
+
+import lstm_tvm
+from lstm_tvm import reference, registry, testing
+
+# (B, I, H, T): B = 1, odd sizes, T = 1, and one shape wide enough for the vectorised paths.
+SHAPES = [(1, 3, 5, 1), (4, 7, 9, 5), (3, 16, 16, 4)]
+DTYPES = ["float32", "float16"]
+CELL_OPS = [n for n, op in registry.OPS.items() if op.kind == "cell"]
+SEQ_OPS = [n for n, op in registry.OPS.items() if op.kind == "sequence"]
+
+
+def _check(op_name, inputs, attrs, dtype, *, tf_outputs=None, T=None):
+    """Run lstm_tvm on ``inputs``; compare with the reference and (if given) TF."""
+    op = registry.get_op(op_name)
+    got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
+    assert got._fields == op.output_names
+    ref = reference.run(op_name, inputs, attrs)
+    n = inputs.get("seq_len_max")
+    for name in op.output_names:
+        value = getattr(got, name)
+        assert value.dtype == np.dtype(dtype), f"{op_name}.{name}: dtype {value.dtype}"
+        testing.assert_close(value, ref[name], dtype, f"{op_name}.{name} vs reference")
+        if tf_outputs is not None:
+            mask = testing.tf_defined_mask(op_name, name, n, T)
+            testing.assert_close(value, tf_outputs[name], dtype, f"{op_name}.{name} vs TF",
+                                 mask=mask, tol=testing.tf_tolerance(dtype))
+    return got
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("op_name", CELL_OPS)
+def test_cell_ops(tf, op_name, shape, dtype, use_peephole):
+    B, I, H, _ = shape
+    attrs = {"use_peephole": use_peephole}
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, attrs=attrs, seed=I * H)
+    _check(op_name, inputs, attrs, dtype, tf_outputs=testing.tf_run(op_name, inputs, attrs))
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("op_name", SEQ_OPS)
+def test_sequence_ops(tf, op_name, shape, dtype, use_peephole):
+    B, I, H, T = shape
+    attrs = {"use_peephole": use_peephole}
+    for seq_len_max in sorted({0, 1, T - 1, T}):
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T,
+                                     seq_len_max=seq_len_max, attrs=attrs, seed=seq_len_max)
+        got = _check(op_name, inputs, attrs, dtype, T=T,
+                     tf_outputs=testing.tf_run(op_name, inputs, attrs))
+        _assert_padding_zero(op_name, got, seq_len_max)
+
+
+def _assert_padding_zero(op_name, got, seq_len_max):
+    """lstm_tvm zero-fills every time-major output at t >= seq_len_max (TF leaves some undefined)."""
+    for name, spec in zip(got._fields, registry.get_op(op_name).outputs):
+        if spec.shape[0] == "T":
+            assert not getattr(got, name)[seq_len_max:].any(), f"{op_name}.{name}: padding not zero"
+
+
+def _forward_attr_cases():
+    for op_name in (n for n, op in registry.OPS.items() if op.direction == "forward"):
+        op = registry.get_op(op_name)
+        biases = [0.0, -0.7, 2.5] if "forget_bias" in op.attr_names else [None]
+        for fb in biases:
+            for clip in (0.0, -1.0, 0.5, 10.0):
+                yield op_name, fb, clip
+
+
+@pytest.mark.parametrize("op_name,forget_bias,cell_clip", list(_forward_attr_cases()))
+def test_forward_attributes(tf, op_name, forget_bias, cell_clip):
+    op = registry.get_op(op_name)
+    attrs = {"cell_clip": cell_clip, "use_peephole": True}
+    if forget_bias is not None:
+        attrs["forget_bias"] = forget_bias
+    T = 3 if op.kind == "sequence" else None
+    inputs = testing.make_inputs(op_name, B=4, I=5, H=6, T=T, seed=3, scale=2.0)
+    got = _check(op_name, inputs, attrs, "float32", T=T,
+                 tf_outputs=testing.tf_run(op_name, inputs, attrs))
+    if cell_clip == 0.5:  # the clip must really have been active in this data
+        assert (np.abs(got.cs) == np.float32(0.5)).sum() >= 5
+
+
+@pytest.mark.parametrize("op_name", [n for n, op in registry.OPS.items() if op.direction == "backward"])
+def test_grad_ops_on_clipped_activations(tf, op_name):
+    """The clip is not differentiated: grads of clipped activations still match TF."""
+    T = 3 if registry.get_op(op_name).kind == "sequence" else None
+    fwd_attrs = {"cell_clip": 0.3, "use_peephole": True}
+    inputs = testing.make_inputs(op_name, B=3, I=4, H=8, T=T, attrs=fwd_attrs, seed=5)
+    attrs = {"use_peephole": True}
+    _check(op_name, inputs, attrs, "float32", T=T, tf_outputs=testing.tf_run(op_name, inputs, attrs))
+
+
+def test_defaults_match_tf(tf):
+    """Omitted attributes take TF's defaults (forward ops)."""
+    for op_name, op in registry.OPS.items():
+        if op.direction != "forward":
+            continue
+        T = 2 if op.kind == "sequence" else None
+        inputs = testing.make_inputs(op_name, B=2, I=3, H=4, T=T, seed=11)
+        _check(op_name, inputs, {}, "float32", T=T, tf_outputs=testing.tf_run(op_name, inputs, {}))
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(pytest.main([__file__]))
