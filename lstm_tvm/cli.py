@@ -40,7 +40,8 @@ def format_table(headers, rows, right=()) -> str:
     widths = [max(len(r[k]) for r in cells) for k in range(len(headers))]
 
     def line(row):
-        parts = [c.rjust(w) if k in right else c.ljust(w) for k, (c, w) in enumerate(zip(row, widths))]
+        parts = [c.rjust(w) if k in right else c.ljust(w)
+                 for k, (c, w) in enumerate(zip(row, widths))]
         return "  ".join(parts).rstrip()
 
     rule = "  ".join("-" * w for w in widths)
@@ -54,8 +55,9 @@ def _attr_text(op) -> str:
 
 def op_table_markdown() -> str:
     """The op table of :data:`lstm_tvm.registry.OPS` as Markdown (pasted into the README)."""
-    lines = ["| op | kind | direction | gate layout | inputs | outputs | attributes (TF defaults) |",
-             "|---|---|---|---|---|---|---|"]
+    head = ("op", "kind", "direction", "gate layout", "inputs", "outputs",
+            "attributes (TF defaults)")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for op in OPS.values():
         lines.append(f"| {op.name} | {op.kind} | {op.direction} | {op.gate_layout} "
                      f"| {', '.join(op.input_names)} | {', '.join(op.output_names)} "
@@ -67,6 +69,7 @@ def _op_table_text() -> str:
     head = format_table(("op", "kind", "direction", "layout", "pair", "attributes (TF defaults)"),
                         [(op.name, op.kind, op.direction, op.gate_layout, op.pair, _attr_text(op))
                          for op in OPS.values()])
+
     def sig(label, specs):
         items = [f"{t.name}({','.join(t.shape)})" if t.shape else f"{t.name}:{t.dtype}"
                  for t in specs]
@@ -144,9 +147,8 @@ def _fmt(value, spec: str) -> str:
 
 
 def _result_rows(results):
-    fmt = _fmt
-    return [(r["op"], r["dtype"], "on" if r["use_peephole"] else "off", fmt(r["compile_s"], ".2f"),
-             fmt(r["run_ms"], ".3f"), fmt(r["max_abs_err"], ".2e"), r["worst_output"] or "-",
+    return [(r["op"], r["dtype"], "on" if r["use_peephole"] else "off", _fmt(r["compile_s"], ".2f"),
+             _fmt(r["run_ms"], ".3f"), _fmt(r["max_abs_err"], ".2e"), r["worst_output"] or "-",
              f"{r['rtol']:g}/{r['atol']:g}", "PASS" if r["passed"] else "FAIL") for r in results]
 
 
@@ -225,7 +227,7 @@ def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
 
     with _fresh_cache(no_cache) as cache:
         results = []
-        bar = tqdm(cases, desc="building", unit="op", file=sys.stderr, disable=None, leave=False)
+        bar = tqdm(cases, desc="building", unit="case", file=sys.stderr, disable=None, leave=False)
         for op_name, dtype, peep in bar:
             bar.set_postfix_str(f"{op_name} {dtype} peephole={'on' if peep else 'off'}")
             results.append(_run_case(op_name, dtype, peep, opts))

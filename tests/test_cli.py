@@ -92,7 +92,7 @@ def test_readme_op_table_is_generated():
     assert readme.count(begin) == 1 and readme.count(end) == 1
     section = readme.split(begin, 1)[1].split(end, 1)[0]
     assert section.strip() == op_table_markdown(), (
-        "README op table is stale: paste the output of `lstm-tvm ops --markdown` between the markers")
+        "README op table is stale: paste `lstm-tvm ops --markdown` between the markers")
 
 
 def test_cache_info_and_clear(cache_dir):

@@ -1,0 +1,169 @@
+"""The public API: ``compile`` on TVM tensors, ``raw_ops`` conveniences, caching, edge sizes."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tvm
+
+import lstm_tvm
+from lstm_tvm import build, reference, registry, testing
+
+
+def _tvm_inputs(inputs, dev):
+    return {k: (int(v) if k == "seq_len_max" else tvm.runtime.tensor(v, dev))
+            for k, v in inputs.items()}
+
+
+def test_compile_runs_on_tvm_tensors_with_dynamic_time_and_batch():
+    fn = lstm_tvm.compile("BlockLSTMGradV2", dtype="float32", input_size=5, cell_size=4,
+                          use_peephole=True)
+    assert isinstance(fn, lstm_tvm.CompiledOp) and "BlockLSTMGradV2" in repr(fn)
+    for T, B in [(3, 2), (6, 1), (2, 5)]:
+        inputs = testing.make_inputs("BlockLSTMGradV2", B=B, I=5, H=4, T=T, seed=T)
+        out = fn(**_tvm_inputs(inputs, fn.device))
+        ref = reference.run("BlockLSTMGradV2", inputs, {"use_peephole": True})
+        for name in out._fields:
+            testing.assert_close(getattr(out, name).numpy(), ref[name], "float32", name)
+
+
+def test_compile_accepts_positional_inputs_and_out():
+    fn = lstm_tvm.compile("LSTMBlockCell", input_size=3, cell_size=2)
+    inputs = testing.make_inputs("LSTMBlockCell", B=2, I=3, H=2)
+    args = [tvm.runtime.tensor(inputs[n]) for n in registry.get_op("LSTMBlockCell").input_names]
+    out = [tvm.runtime.empty((2, 2), "float32") for _ in range(7)]
+    result = fn(*args, out=out)
+    assert result.h is out[-1]
+    testing.assert_close(out[-1].numpy(), reference.run("LSTMBlockCell", inputs, {})["h"],
+                         "float32", "h")
+    with pytest.raises(ValueError, match="output 'i' expected"):
+        fn(*args, out=[tvm.runtime.empty((3, 2), "float32")] + out[1:])
+
+
+@pytest.mark.parametrize("target", ["llvm", {"kind": "llvm"}, '{"kind": "llvm"}'])
+def test_compile_target_forms(target):
+    fn = lstm_tvm.compile("LSTMBlockCellGrad", target=target, input_size=3, cell_size=2,
+                          use_peephole=False)
+    assert fn.target.kind.name == "llvm"
+    if target == "llvm":
+        assert "mcpu" in str(fn.target), "'llvm' means this host, with its CPU model"
+
+
+def test_compile_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="unknown op 'LSTM'"):
+        lstm_tvm.compile("LSTM", input_size=1, cell_size=1)
+    with pytest.raises(TypeError, match="dtype expected"):
+        lstm_tvm.compile("BlockLSTM", dtype="float64", input_size=1, cell_size=1)
+    with pytest.raises(ValueError, match="cell_size expected an int >= 1, got 0"):
+        lstm_tvm.compile("BlockLSTM", input_size=1, cell_size=0)
+    with pytest.raises(TypeError, match="use_peephole"):
+        lstm_tvm.compile("BlockLSTMGrad", input_size=1, cell_size=1)
+    fn = lstm_tvm.compile("LSTMBlockCell", input_size=3, cell_size=2)
+    other = testing.make_inputs("LSTMBlockCell", B=2, I=4, H=2)
+    with pytest.raises(ValueError, match="compiled for I=3, got I=4"):
+        fn(**{k: tvm.runtime.tensor(v) for k, v in other.items()})
+
+
+def test_raw_ops_mirror_tf_signatures(tf):
+    import inspect
+    for name, op in registry.OPS.items():
+        ours = inspect.signature(getattr(lstm_tvm.raw_ops, name))
+        theirs = inspect.signature(getattr(tf.raw_ops, name))
+        assert set(ours.parameters) == set(theirs.parameters), name
+        for a in op.attrs:
+            assert ours.parameters[a.name].default == (
+                inspect.Parameter.empty if a.required else a.default)
+    with pytest.raises(TypeError, match="unexpected argument"):
+        lstm_tvm.raw_ops.LSTMBlockCell(x=np.zeros((1, 1), "float32"), bogus=1)
+
+
+def test_raw_ops_accept_dlpack_objects():
+    inputs = testing.make_inputs("LSTMBlockCell", B=2, I=3, H=4)
+    as_tvm = {k: tvm.runtime.tensor(v) for k, v in inputs.items()}
+    got = lstm_tvm.raw_ops.LSTMBlockCell(**as_tvm)
+    testing.assert_close(got.h, reference.run("LSTMBlockCell", inputs, {})["h"], "float32", "h")
+
+
+@pytest.mark.parametrize("op_name", list(registry.OPS))
+def test_empty_batch_and_empty_sequence_give_zeros(op_name):
+    op = registry.get_op(op_name)
+    cases = [dict(B=0, T=3 if op.kind == "sequence" else None)]
+    if op.kind == "sequence":
+        cases.append(dict(B=2, T=0))
+    for sizes in cases:
+        inputs = testing.make_inputs(op_name, I=3, H=2, seed=1, **sizes)
+        attrs = {"use_peephole": True}
+        got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
+        ref = reference.run(op_name, inputs, attrs)
+        for name in op.output_names:
+            value = getattr(got, name)
+            assert value.shape == ref[name].shape and value.dtype == np.float32
+            assert not value.any()
+
+
+def test_seq_len_max_zero_gives_zero_grads_with_nonempty_inputs():
+    inputs = testing.make_inputs("BlockLSTMGrad", B=2, I=3, H=16, T=3, seq_len_max=0)
+    got = lstm_tvm.raw_ops.BlockLSTMGrad(**inputs, use_peephole=True)
+    assert all(not np.asarray(v).any() for v in got)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cell_grad_matmul_matches_reference(dtype):
+    rng = np.random.default_rng(0)
+    B, I, H = 3, 5, 4
+    x, h_prev = rng.uniform(-1, 1, (B, I)), rng.uniform(-1, 1, (B, H))
+    w, dicfo = rng.uniform(-1, 1, (I + H, 4 * H)), rng.uniform(-1, 1, (B, 4 * H))
+    args = [a.astype(dtype) for a in (x, h_prev, w, dicfo)]
+    got = lstm_tvm.cell_grad_matmul(*args)
+    ref = reference.cell_grad_matmul(*args)
+    for name in got._fields:
+        testing.assert_close(getattr(got, name), ref[name], dtype, name)
+    with pytest.raises(ValueError, match="input 'w' expected shape"):
+        lstm_tvm.cell_grad_matmul(args[0], args[1], args[2][1:], args[3])
+
+
+_CHILD = textwrap.dedent("""
+    import logging, sys
+    logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+    import numpy as np, lstm_tvm
+    from lstm_tvm import testing
+    inputs = testing.make_inputs("BlockLSTM", B=2, I=3, H=17, T=2)
+    print(float(np.abs(lstm_tvm.raw_ops.BlockLSTM(**inputs).h).sum()))
+""")
+
+
+def _child(cache_dir):
+    env = {**os.environ, "LSTM_TVM_CACHE_DIR": str(cache_dir)}
+    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_disk_cache_spares_the_second_process_a_compile(tmp_path):
+    first = _child(tmp_path)
+    assert "compiling BlockLSTM" in first
+    second = _child(tmp_path)
+    assert "compiling" not in second
+    assert first.splitlines()[-1] == second.splitlines()[-1]
+
+
+def test_corrupted_cache_entry_is_rebuilt(tmp_path):
+    first = _child(tmp_path)
+    (path,) = tmp_path.glob("*/BlockLSTM-*.so")
+    data = path.read_bytes()
+    path.unlink()
+    path.write_bytes(data[: len(data) // 2])  # a truncated entry, as a crash mid-copy leaves it
+    second = _child(tmp_path)
+    assert "discarding cache entry" in second and "compiling BlockLSTM" in second
+    assert first.splitlines()[-1] == second.splitlines()[-1]
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["sha256"] == build._file_sha256(path)
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
