@@ -93,6 +93,12 @@ _memory: dict[BuildSpec, object] = {}
 _memory_lock = threading.Lock()
 
 
+def clear_memory_cache() -> None:
+    """Forget the modules loaded in this process (the disk cache is untouched)."""
+    with _memory_lock:
+        _memory.clear()
+
+
 def cache_path(spec: BuildSpec) -> Path:
     """Where ``spec``'s shared library lives in the disk cache."""
     return env.cache_dir() / f"tvm-{tvm.__version__}" / f"{spec.op}-{spec.dtype}-{spec.digest()}.so"

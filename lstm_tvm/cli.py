@@ -161,8 +161,7 @@ def _fresh_cache(enabled: bool):
     old = os.environ.get("LSTM_TVM_CACHE_DIR")
     with tempfile.TemporaryDirectory(prefix="lstm-tvm-build-") as tmp:
         os.environ["LSTM_TVM_CACHE_DIR"] = tmp
-        with _build._memory_lock:  # modules loaded earlier in this process would be reused
-            _build._memory.clear()
+        _build.clear_memory_cache()  # modules loaded earlier in this process would be reused
         try:
             yield Path(tmp)
         finally:

@@ -24,7 +24,7 @@ def cache_dir(tmp_path, monkeypatch):
     """Every test compiles into its own empty cache (disk, and the in-process module cache)."""
     path = tmp_path / "cache"
     monkeypatch.setenv("LSTM_TVM_CACHE_DIR", str(path))
-    monkeypatch.setattr(_build, "_memory", {})
+    _build.clear_memory_cache()
     return path
 
 

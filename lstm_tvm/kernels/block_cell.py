@@ -34,7 +34,7 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         wci = T.match_buffer(wci_h, (H,), dtype)
         wcf = T.match_buffer(wcf_h, (H,), dtype)
         wco = T.match_buffer(wco_h, (H,), dtype)
-        bias = T.match_buffer(b_h, (G,), dtype)
+        b = T.match_buffer(b_h, (G,), dtype)
         i = T.match_buffer(i_h, (Bn, H), dtype)
         cs = T.match_buffer(cs_h, (Bn, H), dtype)
         f = T.match_buffer(f_h, (Bn, H), dtype)
@@ -44,21 +44,21 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         h = T.match_buffer(h_h, (Bn, H), dtype)
         xw = T.alloc_buffer((Bn, G), ACC)
         gates = T.alloc_buffer((Bn, G), ACC)
-        for b, j, k in T.grid(Bn, G, I):
+        for n, j, k in T.grid(Bn, G, I):
             with T.sblock("xw"):
-                vb, vj, vk = T.axis.remap("SSR", [b, j, k])
+                vb, vj, vk = T.axis.remap("SSR", [n, j, k])
                 with T.init():
-                    xw[vb, vj] = f32(bias[vj])
+                    xw[vb, vj] = f32(b[vj])
                 xw[vb, vj] = xw[vb, vj] + f32(x[vb, vk]) * f32(w[vk, vj])
-        for b, j, k in T.grid(Bn, G, H):
+        for n, j, k in T.grid(Bn, G, H):
             with T.sblock("gates"):
-                vb, vj, vk = T.axis.remap("SSR", [b, j, k])
+                vb, vj, vk = T.axis.remap("SSR", [n, j, k])
                 with T.init():
                     gates[vb, vj] = xw[vb, vj]
                 gates[vb, vj] = gates[vb, vj] + f32(h_prev[vb, vk]) * f32(w[I + vk, vj])
-        for b, k in T.grid(Bn, H):
+        for n, k in T.grid(Bn, H):
             with T.sblock("cell"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 vi, vcs, vf, vo, vci, vco, vh = T.meta_var(cell_forward(
                     cfg, gates[vb, oi + vk], gates[vb, oc + vk], gates[vb, of + vk],
                     gates[vb, oo + vk], f32(cs_prev[vb, vk]),
@@ -98,7 +98,7 @@ def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int
         wci = T.match_buffer(wci_h, (H,), dtype)
         wcf = T.match_buffer(wcf_h, (H,), dtype)
         wco = T.match_buffer(wco_h, (H,), dtype)
-        bias = T.match_buffer(b_h, (G,), dtype)
+        b = T.match_buffer(b_h, (G,), dtype)
         i = T.match_buffer(i_h, (Bn, H), dtype)
         cs = T.match_buffer(cs_h, (Bn, H), dtype)
         f = T.match_buffer(f_h, (Bn, H), dtype)
@@ -117,9 +117,9 @@ def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int
         pcf = T.alloc_buffer((H,), ACC)
         pco = T.alloc_buffer((H,), ACC)
         ran_peep = T.meta_var(Bn > 0 and peep)
-        for b, k in T.grid(Bn, H):
+        for n, k in T.grid(Bn, H):
             with T.sblock("cell_grad"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 di, dci, df, do, dcp = T.meta_var(cell_backward(
                     peep, f32(i[vb, vk]), f32(cs[vb, vk]), f32(f[vb, vk]), f32(o[vb, vk]),
                     f32(ci[vb, vk]), f32(co[vb, vk]), f32(cs_prev[vb, vk]),
@@ -130,26 +130,26 @@ def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int
                 d4[vb, of + vk] = df
                 d4[vb, oo + vk] = do
                 cs_prev_grad[vb, vk] = store(dcp, dtype)
-        for b, j in T.grid(Bn, G):
+        for n, j in T.grid(Bn, G):
             with T.sblock("dicfo"):
-                vb, vj = T.axis.remap("SS", [b, j])
+                vb, vj = T.axis.remap("SS", [n, j])
                 dicfo[vb, vj] = store(d4[vb, vj], dtype)
         if peep:
-            for k, b in T.grid(H, Bn):
+            for k, n in T.grid(H, Bn):
                 with T.sblock("wci_grad"):
-                    vk, vb = T.axis.remap("SR", [k, b])
+                    vk, vb = T.axis.remap("SR", [k, n])
                     with T.init():
                         pci[vk] = T.float32(0)
                     pci[vk] = pci[vk] + d4[vb, oi + vk] * f32(cs_prev[vb, vk])
-            for k, b in T.grid(H, Bn):
+            for k, n in T.grid(H, Bn):
                 with T.sblock("wcf_grad"):
-                    vk, vb = T.axis.remap("SR", [k, b])
+                    vk, vb = T.axis.remap("SR", [k, n])
                     with T.init():
                         pcf[vk] = T.float32(0)
                     pcf[vk] = pcf[vk] + d4[vb, of + vk] * f32(cs_prev[vb, vk])
-            for k, b in T.grid(H, Bn):
+            for k, n in T.grid(H, Bn):
                 with T.sblock("wco_grad"):
-                    vk, vb = T.axis.remap("SR", [k, b])
+                    vk, vb = T.axis.remap("SR", [k, n])
                     with T.init():
                         pco[vk] = T.float32(0)
                     pco[vk] = pco[vk] + d4[vb, oo + vk] * f32(cs[vb, vk])

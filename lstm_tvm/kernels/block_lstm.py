@@ -37,7 +37,7 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         wci = T.match_buffer(wci_h, (H,), dtype)
         wcf = T.match_buffer(wcf_h, (H,), dtype)
         wco = T.match_buffer(wco_h, (H,), dtype)
-        bias = T.match_buffer(b_h, (G,), dtype)
+        b = T.match_buffer(b_h, (G,), dtype)
         i = T.match_buffer(i_h, (Tn, Bn, H), dtype)
         cs = T.match_buffer(cs_h, (Tn, Bn, H), dtype)
         f = T.match_buffer(f_h, (Tn, Bn, H), dtype)
@@ -49,15 +49,15 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         gates = T.alloc_buffer((Bn, G), ACC)
         h_state = T.alloc_buffer((Bn, H), ACC)
         cs_state = T.alloc_buffer((Bn, H), ACC)
-        for t, b, j, k in T.grid(seq_len_max, Bn, G, I):
+        for t, n, j, k in T.grid(seq_len_max, Bn, G, I):
             with T.sblock("xw"):
-                vt, vb, vj, vk = T.axis.remap("SSSR", [t, b, j, k])
+                vt, vb, vj, vk = T.axis.remap("SSSR", [t, n, j, k])
                 with T.init():
-                    xw[vt, vb, vj] = f32(bias[vj])
+                    xw[vt, vb, vj] = f32(b[vj])
                 xw[vt, vb, vj] = xw[vt, vb, vj] + f32(x[vt, vb, vk]) * f32(w[vk, vj])
-        for b, k in T.grid(Bn, H):
+        for n, k in T.grid(Bn, H):
             with T.sblock("state_init"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 h_state[vb, vk] = f32(h_prev[vb, vk])
                 cs_state[vb, vk] = f32(cs_prev[vb, vk])
         for t in T.serial(seq_len_max):
@@ -70,15 +70,15 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
                          i[vt, 0:Bn, 0:H], cs[vt, 0:Bn, 0:H], f[vt, 0:Bn, 0:H],
                          o[vt, 0:Bn, 0:H], ci[vt, 0:Bn, 0:H], co[vt, 0:Bn, 0:H],
                          h[vt, 0:Bn, 0:H])
-                for b, j, k in T.grid(Bn, G, H):
+                for n, j, k in T.grid(Bn, G, H):
                     with T.sblock("gates"):
-                        vb, vj, vk = T.axis.remap("SSR", [b, j, k])
+                        vb, vj, vk = T.axis.remap("SSR", [n, j, k])
                         with T.init():
                             gates[vb, vj] = xw[vt, vb, vj]
                         gates[vb, vj] = gates[vb, vj] + h_state[vb, vk] * f32(w[I + vk, vj])
-                for b, k in T.grid(Bn, H):
+                for n, k in T.grid(Bn, H):
                     with T.sblock("cell"):
-                        vb, vk = T.axis.remap("SS", [b, k])
+                        vb, vk = T.axis.remap("SS", [n, k])
                         vi, vcs, vf, vo, vci, vco, vh = T.meta_var(cell_forward(
                             cfg, gates[vb, oi + vk], gates[vb, oc + vk], gates[vb, of + vk],
                             gates[vb, oo + vk], cs_state[vb, vk],
@@ -90,14 +90,14 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
                         ci[vt, vb, vk] = store(vci, dtype)
                         co[vt, vb, vk] = store(vco, dtype)
                         h[vt, vb, vk] = store(vh, dtype)
-                for b, k in T.grid(Bn, H):
+                for n, k in T.grid(Bn, H):
                     with T.sblock("state_update"):
-                        vb, vk = T.axis.remap("SS", [b, k])
+                        vb, vk = T.axis.remap("SS", [n, k])
                         h_state[vb, vk] = f32(h[vt, vb, vk])
                         cs_state[vb, vk] = f32(cs[vt, vb, vk])
-        for t, b, k in T.grid(Tn - seq_len_max, Bn, H):
+        for t, n, k in T.grid(Tn - seq_len_max, Bn, H):
             with T.sblock("pad"):
-                vt, vb, vk = T.axis.remap("SSS", [t, b, k])
+                vt, vb, vk = T.axis.remap("SSS", [t, n, k])
                 i[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
                 cs[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
                 f[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)

@@ -44,7 +44,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         wci = T.match_buffer(wci_h, (H,), dtype)
         wcf = T.match_buffer(wcf_h, (H,), dtype)
         wco = T.match_buffer(wco_h, (H,), dtype)
-        bias = T.match_buffer(b_h, (G,), dtype)
+        b = T.match_buffer(b_h, (G,), dtype)
         i = T.match_buffer(i_h, (Tn, Bn, H), dtype)
         cs = T.match_buffer(cs_h, (Tn, Bn, H), dtype)
         f = T.match_buffer(f_h, (Tn, Bn, H), dtype)
@@ -81,9 +81,9 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             with T.sblock("w_t"):
                 vj, vk = T.axis.remap("SS", [j, k])
                 w_t[vj, vk] = f32(w[vk, vj])
-        for b, k in T.grid(Bn, H):
+        for n, k in T.grid(Bn, H):
             with T.sblock("state_init"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 dh[vb, vk] = zero
                 dcs[vb, vk] = zero
         for s in T.serial(seq_len_max):
@@ -96,9 +96,9 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dcs_next[0:Bn, 0:H],
                         dicfo[vt, 0:Bn, 0:G])
                 T.writes(dicfo[vt, 0:Bn, 0:G], dh[0:Bn, 0:H], dcs[0:Bn, 0:H], dcs_next[0:Bn, 0:H])
-                for b, k in T.grid(Bn, H):
+                for n, k in T.grid(Bn, H):
                     with T.sblock("cell_grad"):
-                        vb, vk = T.axis.remap("SS", [b, k])
+                        vb, vk = T.axis.remap("SS", [n, k])
                         di, dci, df, do, dcp = T.meta_var(cell_backward(
                             peep, f32(i[vt, vb, vk]), f32(cs[vt, vb, vk]), f32(f[vt, vb, vk]),
                             f32(o[vt, vb, vk]), f32(ci[vt, vb, vk]), f32(co[vt, vb, vk]),
@@ -111,70 +111,70 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         dicfo[vt, vb, of + vk] = df
                         dicfo[vt, vb, oo + vk] = do
                         dcs_next[vb, vk] = dcp
-                for b, k in T.grid(Bn, H):
+                for n, k in T.grid(Bn, H):
                     with T.sblock("dcs_update"):
-                        vb, vk = T.axis.remap("SS", [b, k])
+                        vb, vk = T.axis.remap("SS", [n, k])
                         dcs[vb, vk] = dcs_next[vb, vk]
-                for b, k, j in T.grid(Bn, H, G):
+                for n, k, j in T.grid(Bn, H, G):
                     with T.sblock("dh"):
-                        vb, vk, vj = T.axis.remap("SSR", [b, k, j])
+                        vb, vk, vj = T.axis.remap("SSR", [n, k, j])
                         with T.init():
                             dh[vb, vk] = zero
                         dh[vb, vk] = dh[vb, vk] + dicfo[vt, vb, vj] * w_t[vj, I + vk]
-        for t, b, k, j in T.grid(seq_len_max, Bn, I, G):
+        for t, n, k, j in T.grid(seq_len_max, Bn, I, G):
             with T.sblock("x_grad_gemm"):
-                vt, vb, vk, vj = T.axis.remap("SSSR", [t, b, k, j])
+                vt, vb, vk, vj = T.axis.remap("SSSR", [t, n, k, j])
                 with T.init():
                     xg[vt, vb, vk] = zero
                 xg[vt, vb, vk] = xg[vt, vb, vk] + dicfo[vt, vb, vj] * w_t[vj, vk]
-        for k, j, t, b in T.grid(I, G, seq_len_max, Bn):
+        for k, j, t, n in T.grid(I, G, seq_len_max, Bn):
             with T.sblock("w_grad_x"):
-                vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, b])
+                vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, n])
                 with T.init():
                     wgx[vk, vj] = zero
                 wgx[vk, vj] = wgx[vk, vj] + f32(x[vt, vb, vk]) * dicfo[vt, vb, vj]
-        for k, j, t, b in T.grid(H, G, seq_len_max, Bn):
+        for k, j, t, n in T.grid(H, G, seq_len_max, Bn):
             with T.sblock("w_grad_h"):
-                vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, b])
+                vk, vj, vt, vb = T.axis.remap("SSRR", [k, j, t, n])
                 with T.init():
                     wgh[vk, vj] = zero
                 wgh[vk, vj] = wgh[vk, vj] + T.if_then_else(
                     vt > 0, f32(h[vt - 1, vb, vk]), f32(h_prev[vb, vk])) * dicfo[vt, vb, vj]
-        for j, t, b in T.grid(G, seq_len_max, Bn):
+        for j, t, n in T.grid(G, seq_len_max, Bn):
             with T.sblock("b_grad"):
-                vj, vt, vb = T.axis.remap("SRR", [j, t, b])
+                vj, vt, vb = T.axis.remap("SRR", [j, t, n])
                 with T.init():
                     bg[vj] = zero
                 bg[vj] = bg[vj] + dicfo[vt, vb, vj]
         if peep:
-            for k, t, b in T.grid(H, seq_len_max, Bn):
+            for k, t, n in T.grid(H, seq_len_max, Bn):
                 with T.sblock("wci_grad"):
-                    vk, vt, vb = T.axis.remap("SRR", [k, t, b])
+                    vk, vt, vb = T.axis.remap("SRR", [k, t, n])
                     with T.init():
                         pci[vk] = zero
                     pci[vk] = pci[vk] + dicfo[vt, vb, oi + vk] * T.if_then_else(
                         vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk]))
-            for k, t, b in T.grid(H, seq_len_max, Bn):
+            for k, t, n in T.grid(H, seq_len_max, Bn):
                 with T.sblock("wcf_grad"):
-                    vk, vt, vb = T.axis.remap("SRR", [k, t, b])
+                    vk, vt, vb = T.axis.remap("SRR", [k, t, n])
                     with T.init():
                         pcf[vk] = zero
                     pcf[vk] = pcf[vk] + dicfo[vt, vb, of + vk] * T.if_then_else(
                         vt > 0, f32(cs[vt - 1, vb, vk]), f32(cs_prev[vb, vk]))
-            for k, t, b in T.grid(H, seq_len_max, Bn):
+            for k, t, n in T.grid(H, seq_len_max, Bn):
                 with T.sblock("wco_grad"):
-                    vk, vt, vb = T.axis.remap("SRR", [k, t, b])
+                    vk, vt, vb = T.axis.remap("SRR", [k, t, n])
                     with T.init():
                         pco[vk] = zero
                     pco[vk] = pco[vk] + dicfo[vt, vb, oo + vk] * f32(cs[vt, vb, vk])
-        for t, b, k in T.grid(Tn, Bn, I):
+        for t, n, k in T.grid(Tn, Bn, I):
             with T.sblock("x_grad_out"):
-                vt, vb, vk = T.axis.remap("SSS", [t, b, k])
+                vt, vb, vk = T.axis.remap("SSS", [t, n, k])
                 x_grad[vt, vb, vk] = T.if_then_else(
                     vt < seq_len_max, store(xg[vt, vb, vk], dtype), T.Cast(dtype, 0))
-        for b, k in T.grid(Bn, H):
+        for n, k in T.grid(Bn, H):
             with T.sblock("state_grad_out"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 cs_prev_grad[vb, vk] = store(dcs[vb, vk], dtype)
                 h_prev_grad[vb, vk] = store(dh[vb, vk], dtype)
         for k, j in T.grid(I + H, G):

@@ -38,32 +38,32 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
         xhg = T.alloc_buffer((Bn, I + H), ACC)
         wg = T.alloc_buffer((I + H, G), ACC)
         bg = T.alloc_buffer((G,), ACC)
-        for b, k, j in T.grid(Bn, I + H, G):
+        for n, k, j in T.grid(Bn, I + H, G):
             with T.sblock("xh_grad"):
-                vb, vk, vj = T.axis.remap("SSR", [b, k, j])
+                vb, vk, vj = T.axis.remap("SSR", [n, k, j])
                 with T.init():
                     xhg[vb, vk] = zero
                 xhg[vb, vk] = xhg[vb, vk] + f32(dicfo[vb, vj]) * f32(w[vk, vj])
-        for k, j, b in T.grid(I + H, G, Bn):
+        for k, j, n in T.grid(I + H, G, Bn):
             with T.sblock("w_grad"):
-                vk, vj, vb = T.axis.remap("SSR", [k, j, b])
+                vk, vj, vb = T.axis.remap("SSR", [k, j, n])
                 with T.init():
                     wg[vk, vj] = zero
                 wg[vk, vj] = wg[vk, vj] + T.if_then_else(
                     vk < I, f32(x[vb, vk]), f32(h_prev[vb, vk - I])) * f32(dicfo[vb, vj])
-        for j, b in T.grid(G, Bn):
+        for j, n in T.grid(G, Bn):
             with T.sblock("b_grad"):
-                vj, vb = T.axis.remap("SR", [j, b])
+                vj, vb = T.axis.remap("SR", [j, n])
                 with T.init():
                     bg[vj] = zero
                 bg[vj] = bg[vj] + f32(dicfo[vb, vj])
-        for b, k in T.grid(Bn, I):
+        for n, k in T.grid(Bn, I):
             with T.sblock("x_grad_out"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 x_grad[vb, vk] = store(xhg[vb, vk], dtype)
-        for b, k in T.grid(Bn, H):
+        for n, k in T.grid(Bn, H):
             with T.sblock("h_prev_grad_out"):
-                vb, vk = T.axis.remap("SS", [b, k])
+                vb, vk = T.axis.remap("SS", [n, k])
                 h_prev_grad[vb, vk] = store(xhg[vb, I + vk], dtype)
         for k, j in T.grid(I + H, G):
             with T.sblock("w_grad_out"):
