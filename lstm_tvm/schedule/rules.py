@@ -22,7 +22,14 @@ log = logging.getLogger(__name__)
 
 #: Widest inner vector chunk tried, in elements (AVX-512: 16 float32 lanes).
 VECTOR_LANES = 16
-INNER_CHOICES = (64, 32, 16)
+INNER_CHOICES = (32, 64, 16)
+#: Output rows computed together in a reduction (the tile is ROWS x 32 floats).
+ROWS = 2
+#: Per-block overrides of ``(ROWS, INNER_CHOICES)``, by block name.
+TILES: dict[str, tuple[int, tuple[int, ...]]] = {
+    "w_grad_x": (8, (64, 32, 16)),
+    "w_grad_h": (8, (64, 32, 16)),
+}
 
 
 def schedule_for(op_name: str, func, target):
@@ -76,22 +83,30 @@ def _schedule_block(sch: Schedule, block) -> None:
     reduce_ = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.CommReduce]
     if len(spatial) + len(reduce_) != len(loops) or not spatial:
         return
-    inner_ext = _static_extent(stmt.iter_vars[kinds.index(tirx.IterVar.DataPar) + len(spatial) - 1].dom)
-    last = spatial[-1]
-    inner = None
-    chunk = next((c for c in INNER_CHOICES if inner_ext and inner_ext % c == 0), None)
+    doms = [iv.dom for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.DataPar]
+    inner_ext = _static_extent(doms[-1])
+    rows, choices = TILES.get(stmt.name_hint, (ROWS, INNER_CHOICES))
+    chunk = next((c for c in choices if inner_ext and inner_ext % c == 0), None)
     if chunk:
-        outer_last, inner = sch.split(last, [None, chunk])
-        outer = spatial[:-1] + [outer_last]
+        n_o, n_i = sch.split(spatial[-1], [None, chunk])
     else:
-        outer = spatial[:-1] if reduce_ else spatial[:-1]
-        inner = last
+        n_o, n_i = None, spatial[-1]
+    outer = spatial[:-1]
+    m_i = None
+    if reduce_ and outer:
+        # Register tile: ROWS rows of the output share each loaded vector of the right operand.
+        m_o, m_i = sch.split(outer[-1], [None, rows])
+        outer = outer[:-1] + [m_o]
+    if n_o is not None:
+        outer = outer + [n_o]
     if reduce_:
-        sch.reorder(*outer, *reduce_, inner)
+        sch.reorder(*outer, *reduce_, *([m_i] if m_i is not None else []), n_i)
     fused = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else None)
     if fused is not None:
         sch.parallel(fused)
+    if m_i is not None:
+        sch.unroll(m_i)
     if chunk:
-        sch.vectorize(inner)
+        sch.vectorize(n_i)
     if reduce_ and stmt.init is not None:
         sch.decompose_reduction(block, reduce_[0])
