@@ -14,8 +14,10 @@ import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule
 from tvm.script import tirx as T
+from tvm.script.ir_builder import IRBuilder
+from tvm.script.ir_builder import tirx as TB
 
-__all__ = ["tvm", "tirx", "T", "Schedule", "resolve_target", "target_key", "host_cpu", "device_for"]
+__all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "resolve_target", "target_key", "host_cpu", "device_for"]
 
 
 @functools.cache

@@ -193,3 +193,21 @@ def tf_defined_mask(op_name: str, output_name: str, seq_len_max, T: int | None =
         n = reference.seq_len_of(seq_len_max, T)
         return (np.arange(T) < n).reshape(T, 1, 1)
     return np.asarray(True)
+
+
+def fd_gradient(loss, params: dict, name: str, eps: float = 1e-6) -> np.ndarray:
+    """Central finite differences of the scalar ``loss(params)`` w.r.t. ``params[name]``.
+
+    ``params[name]`` (float64) is perturbed in place element by element and restored.
+    """
+    base = params[name]
+    grad = np.zeros_like(base)
+    for idx in np.ndindex(base.shape):
+        old = base[idx]
+        base[idx] = old + eps
+        plus = loss(params)
+        base[idx] = old - eps
+        minus = loss(params)
+        base[idx] = old
+        grad[idx] = (plus - minus) / (2 * eps)
+    return grad

@@ -15,20 +15,6 @@ from lstm_tvm import reference, registry, testing
 PARAMS = ("x", "cs_prev", "h_prev", "w", "b", "wci", "wcf", "wco")
 
 
-def _fd(loss, params, name, eps=1e-6):
-    base = params[name]
-    grad = np.zeros_like(base)
-    for idx in np.ndindex(base.shape):
-        old = base[idx]
-        base[idx] = old + eps
-        plus = loss(params)
-        base[idx] = old - eps
-        minus = loss(params)
-        base[idx] = old
-        grad[idx] = (plus - minus) / (2 * eps)
-    return grad
-
-
 def _f32(arrays):
     return {k: (v.astype(np.float32) if v.dtype == np.float64 else v) for k, v in arrays.items()}
 
@@ -54,7 +40,7 @@ def test_cell_grad_kernels_match_finite_differences():
     got = {**mm._asdict(), "cs_prev_grad": cell.cs_prev_grad, "wci_grad": cell.wci_grad,
            "wcf_grad": cell.wcf_grad, "wco_grad": cell.wco_grad}
     for name in PARAMS:
-        testing.assert_close(got[f"{name}_grad"], _fd(loss, p, name), "float32", f"d{name}")
+        testing.assert_close(got[f"{name}_grad"], testing.fd_gradient(loss, p, name), "float32", f"d{name}")
 
 
 @pytest.mark.parametrize("seq_len_max", [4, 2])
@@ -76,7 +62,7 @@ def test_sequence_grad_kernels_match_finite_differences(op_name, seq_len_max):
     grad_in = {n: grad_in[n] for n in registry.get_op(grad_op).input_names}
     got = getattr(lstm_tvm.raw_ops, grad_op)(**grad_in, use_peephole=True)
     for name in PARAMS:
-        testing.assert_close(getattr(got, f"{name}_grad"), _fd(loss, p, name), "float32",
+        testing.assert_close(getattr(got, f"{name}_grad"), testing.fd_gradient(loss, p, name), "float32",
                              f"{grad_op}.d{name}")
 
 

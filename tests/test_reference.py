@@ -161,20 +161,6 @@ FD_PARAMS = ("x", "cs_prev", "h_prev", "w", "b", "wci", "wcf", "wco")
 FD_TOL = (1e-8, 1e-8)
 
 
-def _fd_gradient(loss, params, name, eps=1e-6):
-    base = params[name]
-    grad = np.zeros_like(base)
-    for idx in np.ndindex(base.shape):
-        old = base[idx]
-        base[idx] = old + eps
-        plus = loss(params)
-        base[idx] = old - eps
-        minus = loss(params)
-        base[idx] = old
-        grad[idx] = (plus - minus) / (2 * eps)
-    return grad
-
-
 def _f64_inputs(op_name, **kwargs):
     return testing.make_inputs(op_name, dtype="float64", **kwargs)
 
@@ -205,7 +191,7 @@ def test_cell_grad_finite_differences(gate_layout, cell_clip):
                 "cs_prev_grad": bwd["cs_prev_grad"], "wci_grad": bwd["wci_grad"],
                 "wcf_grad": bwd["wcf_grad"], "wco_grad": bwd["wco_grad"]}
     for name in FD_PARAMS:
-        numeric = _fd_gradient(loss, p, name)
+        numeric = testing.fd_gradient(loss, p, name)
         testing.assert_close(analytic[f"{name}_grad"], numeric, "float64", f"d{name}",
                              tol=FD_TOL)
 
@@ -228,7 +214,7 @@ def test_sequence_grad_finite_differences(op_name, seq_len_max):
     analytic = reference.run(grad_op, {**p, **fwd, "cs_grad": c_cs, "h_grad": c_h},
                              {"use_peephole": True})
     for name in FD_PARAMS:
-        numeric = _fd_gradient(loss, p, name)
+        numeric = testing.fd_gradient(loss, p, name)
         testing.assert_close(analytic[f"{name}_grad"], numeric, "float64", f"{grad_op}.d{name}",
                              tol=FD_TOL)
     assert not analytic["x_grad"][seq_len_max:].any()

@@ -23,11 +23,6 @@ def store(value, dtype: str):
     return value if dtype == ACC else tirx.Cast(dtype, value)
 
 
-def rounded(value, dtype: str):
-    """``value`` rounded through the storage dtype and widened again (the value TF feeds back)."""
-    return value if dtype == ACC else tirx.Cast(ACC, tirx.Cast(dtype, value))
-
-
 def _c(x: float):
     return tirx.const(float(x), ACC)
 

@@ -1,17 +1,21 @@
-"""TIR kernel of the sequence forward ops ``BlockLSTM`` and ``BlockLSTMV2``.
+"""Kernel of the sequence forward ops ``BlockLSTM`` and ``BlockLSTMV2``.
 
-The input projection ``x @ w[:I] + b`` for all steps is one GEMM (block ``xw``); the time
+The input projection ``x @ w[:I] + b`` for all steps is one GEMM (block ``xw``). The time
 loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block
-``gates``) and the fused gate math (block ``cell``); block ``state_update`` reloads the
-stored ``h`` and ``cs`` (rounded to the storage dtype, as TF feeds them back) as the next
-step's float32 state. Steps ``t >= seq_len_max`` are zero in every output (block ``pad``).
+``gates``) and the fused gate math (block ``cell``); block ``state_update`` reloads the stored
+``h`` and ``cs`` (rounded to the storage dtype, as TF feeds them back) as the next step's
+float32 state. Steps ``t >= seq_len_max`` are zero in every output (block ``pad``).
 """
 
 from __future__ import annotations
 
-from .._tvm import T
 from ..registry import OpSpec, forget_bias_of
-from ._gates import ACC, CellConfig, cell_forward, f32, gate_offsets, store
+from ._builder import T, kernel, reduction, spatial, temp, zero
+from ._gates import CellConfig, f32, gate_offsets
+from .block_cell import store_cell_outputs
+
+#: The forward outputs, all (T, B, H).
+OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
 
 
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
@@ -19,91 +23,39 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
-    oi, oc, of, oo = off["i"], off["c"], off["f"], off["o"]
     cfg = CellConfig(forget_bias_of(op, attrs), attrs["cell_clip"], attrs["use_peephole"])
+    with kernel(op, dtype, I, H) as (buf, size, builder):
+        L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
+        xw = temp("xw", (Tn, B, G))
+        gates, h_state, cs_state = temp("gates", (B, G)), temp("h_state", (B, H)), temp("cs_state", (B, H))
+        reduction("xw", xw, (L, B, G), (I,), lambda t, n, j: (t, n, j),
+                  lambda s, r: f32(buf["x"][s[0], s[1], r[0]]) * f32(buf["w"][r[0], s[2]]),
+                  init=lambda t, n, j: f32(buf["b"][j]))
 
-    @T.prim_func(s_tir=True)
-    def func(seq_len_max: T.int64, x_h: T.handle, cs_prev_h: T.handle, h_prev_h: T.handle,
-             w_h: T.handle, wci_h: T.handle, wcf_h: T.handle, wco_h: T.handle, b_h: T.handle,
-             i_h: T.handle, cs_h: T.handle, f_h: T.handle, o_h: T.handle,
-             ci_h: T.handle, co_h: T.handle, h_h: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        Tn = T.int64()
-        Bn = T.int64()
-        x = T.match_buffer(x_h, (Tn, Bn, I), dtype)
-        cs_prev = T.match_buffer(cs_prev_h, (Bn, H), dtype)
-        h_prev = T.match_buffer(h_prev_h, (Bn, H), dtype)
-        w = T.match_buffer(w_h, (I + H, G), dtype)
-        wci = T.match_buffer(wci_h, (H,), dtype)
-        wcf = T.match_buffer(wcf_h, (H,), dtype)
-        wco = T.match_buffer(wco_h, (H,), dtype)
-        b = T.match_buffer(b_h, (G,), dtype)
-        i = T.match_buffer(i_h, (Tn, Bn, H), dtype)
-        cs = T.match_buffer(cs_h, (Tn, Bn, H), dtype)
-        f = T.match_buffer(f_h, (Tn, Bn, H), dtype)
-        o = T.match_buffer(o_h, (Tn, Bn, H), dtype)
-        ci = T.match_buffer(ci_h, (Tn, Bn, H), dtype)
-        co = T.match_buffer(co_h, (Tn, Bn, H), dtype)
-        h = T.match_buffer(h_h, (Tn, Bn, H), dtype)
-        xw = T.alloc_buffer((Tn, Bn, G), ACC)
-        gates = T.alloc_buffer((Bn, G), ACC)
-        h_state = T.alloc_buffer((Bn, H), ACC)
-        cs_state = T.alloc_buffer((Bn, H), ACC)
-        for t, n, j, k in T.grid(seq_len_max, Bn, G, I):
-            with T.sblock("xw"):
-                vt, vb, vj, vk = T.axis.remap("SSSR", [t, n, j, k])
-                with T.init():
-                    xw[vt, vb, vj] = f32(b[vj])
-                xw[vt, vb, vj] = xw[vt, vb, vj] + f32(x[vt, vb, vk]) * f32(w[vk, vj])
-        for n, k in T.grid(Bn, H):
-            with T.sblock("state_init"):
-                vb, vk = T.axis.remap("SS", [n, k])
-                h_state[vb, vk] = f32(h_prev[vb, vk])
-                cs_state[vb, vk] = f32(cs_prev[vb, vk])
-        for t in T.serial(seq_len_max):
+        def init_state(n, k):
+            T.buffer_store(h_state, f32(buf["h_prev"][n, k]), [n, k])
+            T.buffer_store(cs_state, f32(buf["cs_prev"][n, k]), [n, k])
+
+        spatial("state_init", (B, H), init_state)
+        with T.serial(0, L) as t:
             with T.sblock("step"):
-                vt = T.axis.opaque(Tn, t)
-                T.reads(xw[vt, 0:Bn, 0:G], w[I:I + H, 0:G], h_state[0:Bn, 0:H],
-                        cs_state[0:Bn, 0:H], wci[0:H], wcf[0:H], wco[0:H], gates[0:Bn, 0:G],
-                        cs[vt, 0:Bn, 0:H], h[vt, 0:Bn, 0:H])
-                T.writes(gates[0:Bn, 0:G], h_state[0:Bn, 0:H], cs_state[0:Bn, 0:H],
-                         i[vt, 0:Bn, 0:H], cs[vt, 0:Bn, 0:H], f[vt, 0:Bn, 0:H],
-                         o[vt, 0:Bn, 0:H], ci[vt, 0:Bn, 0:H], co[vt, 0:Bn, 0:H],
-                         h[vt, 0:Bn, 0:H])
-                for n, j, k in T.grid(Bn, G, H):
-                    with T.sblock("gates"):
-                        vb, vj, vk = T.axis.remap("SSR", [n, j, k])
-                        with T.init():
-                            gates[vb, vj] = xw[vt, vb, vj]
-                        gates[vb, vj] = gates[vb, vj] + h_state[vb, vk] * f32(w[I + vk, vj])
-                for n, k in T.grid(Bn, H):
-                    with T.sblock("cell"):
-                        vb, vk = T.axis.remap("SS", [n, k])
-                        vi, vcs, vf, vo, vci, vco, vh = T.meta_var(cell_forward(
-                            cfg, gates[vb, oi + vk], gates[vb, oc + vk], gates[vb, of + vk],
-                            gates[vb, oo + vk], cs_state[vb, vk],
-                            f32(wci[vk]), f32(wcf[vk]), f32(wco[vk])))
-                        i[vt, vb, vk] = store(vi, dtype)
-                        cs[vt, vb, vk] = store(vcs, dtype)
-                        f[vt, vb, vk] = store(vf, dtype)
-                        o[vt, vb, vk] = store(vo, dtype)
-                        ci[vt, vb, vk] = store(vci, dtype)
-                        co[vt, vb, vk] = store(vco, dtype)
-                        h[vt, vb, vk] = store(vh, dtype)
-                for n, k in T.grid(Bn, H):
-                    with T.sblock("state_update"):
-                        vb, vk = T.axis.remap("SS", [n, k])
-                        h_state[vb, vk] = f32(h[vt, vb, vk])
-                        cs_state[vb, vk] = f32(cs[vt, vb, vk])
-        for t, n, k in T.grid(Tn - seq_len_max, Bn, H):
-            with T.sblock("pad"):
-                vt, vb, vk = T.axis.remap("SSS", [t, n, k])
-                i[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
-                cs[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
-                f[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
-                o[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
-                ci[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
-                co[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
-                h[seq_len_max + vt, vb, vk] = T.Cast(dtype, 0)
+                vt = T.axis.opaque(Tn, t, dtype="int64")
+                reduction("gates", gates, (B, G), (H,), lambda n, j: (n, j),
+                          lambda s, r: h_state[s[0], r[0]] * f32(buf["w"][I + r[0], s[1]]),
+                          init=lambda n, j: xw[vt, n, j])
+                spatial("cell", (B, H), lambda n, k: store_cell_outputs(
+                    cfg, buf, dtype, (vt, n, k), lambda gate: gates[n, off[gate] + k],
+                    cs_state[n, k]))
 
-    return func
+                def update_state(n, k):
+                    T.buffer_store(h_state, f32(buf["h"][vt, n, k]), [n, k])
+                    T.buffer_store(cs_state, f32(buf["cs"][vt, n, k]), [n, k])
+
+                spatial("state_update", (B, H), update_state)
+
+        def pad(t, n, k):
+            for name in OUTPUTS:
+                T.buffer_store(buf[name], zero(dtype), [L + t, n, k])
+
+        spatial("pad", (Tn - L, B, H), pad)
+    return builder.get()

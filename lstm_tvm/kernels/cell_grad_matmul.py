@@ -1,4 +1,4 @@
-"""TIR kernel of the matmul part of a cell's gradient (what TF's Python gradient of
+"""Kernel of the matmul part of a cell's gradient (what TF's Python gradient of
 ``LSTMBlockCell`` computes around ``LSTMBlockCellGrad``).
 
 From ``dicfo`` (B, 4H): ``xh_grad = dicfo @ w^T`` split into ``x_grad`` (B, I) and
@@ -7,71 +7,46 @@ From ``dicfo`` (B, 4H): ``xh_grad = dicfo @ w^T`` split into ``x_grad`` (B, I) a
 
 from __future__ import annotations
 
-from .._tvm import T
-from ._gates import ACC, f32, store
+from .._tvm import tirx
+from ..registry import OpSpec, TensorSpec
+from ._builder import T, kernel, reduction, spatial, temp, zero
+from ._gates import f32, store
 
-#: Inputs and outputs of the helper, in parameter order.
-INPUTS = ("x", "h_prev", "w", "dicfo")
-OUTPUTS = ("x_grad", "h_prev_grad", "w_grad", "b_grad")
+#: The helper described like a registry op (it is not a TF op, so it is not in ``OPS``).
+SPEC = OpSpec(
+    name="CellGradMatmul", kind="cell", direction="backward", gate_layout="ICFO",
+    pair="LSTMBlockCellGrad",
+    inputs=(TensorSpec("x", ("B", "I")), TensorSpec("h_prev", ("B", "H")),
+            TensorSpec("w", ("I+H", "4H")), TensorSpec("dicfo", ("B", "4H"))),
+    outputs=(TensorSpec("x_grad", ("B", "I")), TensorSpec("h_prev_grad", ("B", "H")),
+             TensorSpec("w_grad", ("I+H", "4H")), TensorSpec("b_grad", ("4H",))),
+    attrs=(), doc="The matmul part of LSTMBlockCell's gradient.",
+)
+INPUTS, OUTPUTS = SPEC.input_names, SPEC.output_names
 
 
 def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
-    """The helper's PrimFunc: inputs ``x, h_prev, w, dicfo``, outputs as :data:`OUTPUTS`."""
+    """The helper's kernel: inputs :data:`INPUTS`, outputs :data:`OUTPUTS`."""
     I, H = input_size, cell_size
     G = 4 * H
-    zero = T.float32(0)
-
-    @T.prim_func(s_tir=True)
-    def func(x_h: T.handle, h_prev_h: T.handle, w_h: T.handle, dicfo_h: T.handle,
-             x_grad_h: T.handle, h_prev_grad_h: T.handle, w_grad_h: T.handle,
-             b_grad_h: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        Bn = T.int64()
-        x = T.match_buffer(x_h, (Bn, I), dtype)
-        h_prev = T.match_buffer(h_prev_h, (Bn, H), dtype)
-        w = T.match_buffer(w_h, (I + H, G), dtype)
-        dicfo = T.match_buffer(dicfo_h, (Bn, G), dtype)
-        x_grad = T.match_buffer(x_grad_h, (Bn, I), dtype)
-        h_prev_grad = T.match_buffer(h_prev_grad_h, (Bn, H), dtype)
-        w_grad = T.match_buffer(w_grad_h, (I + H, G), dtype)
-        b_grad = T.match_buffer(b_grad_h, (G,), dtype)
-        xhg = T.alloc_buffer((Bn, I + H), ACC)
-        wg = T.alloc_buffer((I + H, G), ACC)
-        bg = T.alloc_buffer((G,), ACC)
-        for n, k, j in T.grid(Bn, I + H, G):
-            with T.sblock("xh_grad"):
-                vb, vk, vj = T.axis.remap("SSR", [n, k, j])
-                with T.init():
-                    xhg[vb, vk] = zero
-                xhg[vb, vk] = xhg[vb, vk] + f32(dicfo[vb, vj]) * f32(w[vk, vj])
-        for k, j, n in T.grid(I + H, G, Bn):
-            with T.sblock("w_grad"):
-                vk, vj, vb = T.axis.remap("SSR", [k, j, n])
-                with T.init():
-                    wg[vk, vj] = zero
-                wg[vk, vj] = wg[vk, vj] + T.if_then_else(
-                    vk < I, f32(x[vb, vk]), f32(h_prev[vb, vk - I])) * f32(dicfo[vb, vj])
-        for j, n in T.grid(G, Bn):
-            with T.sblock("b_grad"):
-                vj, vb = T.axis.remap("SR", [j, n])
-                with T.init():
-                    bg[vj] = zero
-                bg[vj] = bg[vj] + f32(dicfo[vb, vj])
-        for n, k in T.grid(Bn, I):
-            with T.sblock("x_grad_out"):
-                vb, vk = T.axis.remap("SS", [n, k])
-                x_grad[vb, vk] = store(xhg[vb, vk], dtype)
-        for n, k in T.grid(Bn, H):
-            with T.sblock("h_prev_grad_out"):
-                vb, vk = T.axis.remap("SS", [n, k])
-                h_prev_grad[vb, vk] = store(xhg[vb, I + vk], dtype)
-        for k, j in T.grid(I + H, G):
-            with T.sblock("w_grad_out"):
-                vk, vj = T.axis.remap("SS", [k, j])
-                w_grad[vk, vj] = T.if_then_else(Bn > 0, store(wg[vk, vj], dtype), T.Cast(dtype, 0))
-        for j in range(G):
-            with T.sblock("b_grad_out"):
-                vj = T.axis.remap("S", [j])
-                b_grad[vj] = T.if_then_else(Bn > 0, store(bg[vj], dtype), T.Cast(dtype, 0))
-
-    return func
+    with kernel(SPEC, dtype, I, H) as (buf, size, builder):
+        B = size["B"]
+        xhg, wg, bg = temp("xhg", (B, I + H)), temp("wg", (I + H, G)), temp("bg", (G,))
+        reduction("xh_grad", xhg, (B, I + H), (G,), lambda n, k: (n, k),
+                  lambda s, r: f32(buf["dicfo"][s[0], r[0]]) * f32(buf["w"][s[1], r[0]]))
+        reduction("w_grad", wg, (I + H, G), (B,), lambda k, j: (k, j),
+                  lambda s, r: tirx.if_then_else(
+                      s[0] < I, f32(buf["x"][r[0], s[0]]), f32(buf["h_prev"][r[0], s[0] - I]))
+                  * f32(buf["dicfo"][r[0], s[1]]))
+        reduction("b_grad", bg, (G,), (B,), lambda j: (j,),
+                  lambda s, r: f32(buf["dicfo"][r[0], s[0]]))
+        spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(
+            buf["x_grad"], store(xhg[n, k], dtype), [n, k]))
+        spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
+            buf["h_prev_grad"], store(xhg[n, I + k], dtype), [n, k]))
+        # A reduction over an empty batch never ran its init.
+        spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
+            buf["w_grad"], tirx.if_then_else(B > 0, store(wg[k, j], dtype), zero(dtype)), [k, j]))
+        spatial("b_grad_out", (G,), lambda j: T.buffer_store(
+            buf["b_grad"], tirx.if_then_else(B > 0, store(bg[j], dtype), zero(dtype)), [j]))
+    return builder.get()
