@@ -17,7 +17,8 @@ from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as TB
 
-__all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "resolve_target", "target_key", "host_cpu", "device_for"]
+__all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "resolve_target", "target_key", "host_cpu", "device_for",
+           "configure_threads"]
 
 
 @functools.cache
@@ -55,6 +56,24 @@ def resolve_target(target: object = "llvm") -> "tvm.target.Target":
 def target_key(target: "tvm.target.Target") -> str:
     """A stable text identity of a target (its JSON: kind and every attribute), for cache keys."""
     return str(target)
+
+
+@functools.cache
+def configure_threads() -> int:
+    """Give TVM's CPU thread pool one worker per usable core; returns the worker count.
+
+    TVM defaults to half of ``hardware_concurrency`` on x86 (it assumes hyper-threading), which
+    leaves half the cores idle on machines without it. ``TVM_NUM_THREADS`` or
+    ``OMP_NUM_THREADS``, when set, win as in TVM; otherwise ``TVM_NUM_THREADS`` is set to the
+    number of cores this process may run on. TVM reads it when its thread pool starts, so this
+    runs before lstm_tvm launches any kernel.
+    """
+    for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
+        if os.environ.get(var):
+            return int(os.environ[var])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ["TVM_NUM_THREADS"] = str(cores or 1)
+    return cores or 1
 
 
 def device_for(target: "tvm.target.Target", index: int = 0):

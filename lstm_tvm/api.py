@@ -6,7 +6,7 @@ import collections
 import functools
 
 from . import build as _build
-from ._tvm import device_for, resolve_target, tvm
+from ._tvm import configure_threads, device_for, resolve_target, tvm
 from .registry import DTYPES, OPS, get_op
 from .validation import expected_output_shapes, validate_attrs, validate_inputs
 
@@ -36,6 +36,8 @@ class CompiledOp:
         self.op = get_op(spec.op)
         self.target = resolve_target(spec.target)
         self.device = device if device is not None else device_for(self.target)
+        if self.device.dlpack_device_type() == 1:  # CPU
+            configure_threads()
         self.module = _build.get_module(spec)
         self.func = self.module[spec.func_name]
 

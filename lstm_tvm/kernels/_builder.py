@@ -14,7 +14,12 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["T", "kernel", "spatial", "reduction", "zero", "temp"]
+__all__ = ["T", "kernel", "spatial", "reduction", "gemm", "flat", "padded", "zero", "temp", "ROW_TILE"]
+
+#: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
+#: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
+#: checks; their left operand and output are scratch buffers with room for the extra rows.
+ROW_TILE = 8
 
 
 def zero(dtype: str = ACC):
@@ -56,6 +61,28 @@ def temp(name: str, shape, dtype: str = ACC):
     buf = T.alloc_buffer(shape, dtype)
     IRBuilder.name(name, buf)
     return buf
+
+
+def flat(buffer, rows):
+    """A 2-D view ``(rows, last dim)`` of a contiguous buffer (e.g. ``(T, B, I)`` as ``(T*B, I)``)."""
+    return T.decl_buffer((rows, buffer.shape[-1]), buffer.dtype, data=buffer.data)
+
+
+def padded(rows):
+    """``rows`` rounded up to a multiple of :data:`ROW_TILE` (symbolic sizes welcome)."""
+    return (rows + ROW_TILE - 1) // ROW_TILE * ROW_TILE
+
+
+def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
+         init: Callable | None = None, pad: bool = True) -> None:
+    """``out[m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N, k < K``.
+
+    ``K`` may be symbolic. With ``pad`` (for a symbolic ``M``) the rows
+    ``M <= m < padded(M)`` are computed too: ``a`` must be readable there (a scratch operand
+    with spare rows) and ``out`` must have them; callers ignore their results.
+    """
+    reduction(name, out, (padded(M) if pad else M, N), (K,), lambda m, n: (m, n),
+              lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
 
 
 def spatial(name: str, extents: Sequence, body: Callable) -> None:

@@ -4,26 +4,26 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import T, kernel, reduction, spatial, temp, zero
+from ._builder import T, gemm, kernel, padded, reduction, spatial, temp, zero
 from ._gates import CellConfig, cell_backward, cell_forward, f32, gate_offsets, store
 
 
 def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
-    """``LSTMBlockCell``: ``g = x @ w[:I] + b`` (block ``xw``), ``+ h_prev @ w[I:]``
-    (block ``gates``), then the gate math of one step (block ``cell``)."""
+    """``LSTMBlockCell``: ``g = [x, h_prev] @ w + b`` (block ``gates``, its operand gathered,
+    widened and row-padded by block ``xh``), then the gate math of one step (block ``cell``)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     cfg = CellConfig(forget_bias_of(op, attrs), attrs["cell_clip"], attrs["use_peephole"])
     with kernel(op, dtype, I, H) as (buf, size, builder):
         B = size["B"]
-        xw, gates = temp("xw", (B, G)), temp("gates", (B, G))
-        reduction("xw", xw, (B, G), (I,), lambda n, j: (n, j),
-                  lambda s, r: f32(buf["x"][s[0], r[0]]) * f32(buf["w"][r[0], s[1]]),
-                  init=lambda n, j: f32(buf["b"][j]))
-        reduction("gates", gates, (B, G), (H,), lambda n, j: (n, j),
-                  lambda s, r: f32(buf["h_prev"][s[0], r[0]]) * f32(buf["w"][I + r[0], s[1]]),
-                  init=lambda n, j: xw[n, j])
+        x, h_prev, w = buf["x"], buf["h_prev"], buf["w"]
+        xh, gates = temp("xh", (padded(B), I + H)), temp("gates", (padded(B), G))
+        spatial("xh", (padded(B), I + H), lambda n, k: T.buffer_store(xh, tirx.if_then_else(
+            n < B, tirx.if_then_else(k < I, f32(x[n, k]), f32(h_prev[n, k - I])), zero()),
+            [n, k]))
+        gemm("gates", gates, B, G, I + H, lambda n, k: xh[n, k], lambda k, j: f32(w[k, j]),
+             init=lambda n, j: f32(buf["b"][j]))
         spatial("cell", (B, H), lambda n, k: store_cell_outputs(
             cfg, buf, dtype, (n, k), lambda gate: gates[n, off[gate] + k],
             f32(buf["cs_prev"][n, k])))

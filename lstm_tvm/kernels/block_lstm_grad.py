@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import T, kernel, reduction, spatial, temp, zero
+from ._builder import ROW_TILE, T, flat, gemm, kernel, padded, reduction, spatial, temp, zero
 from ._gates import cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -26,13 +26,14 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
     peep = bool(attrs["use_peephole"])
     with kernel(op, dtype, I, H) as (buf, size, builder):
         L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
-        dicfo = temp("dicfo", (Tn, B, G))
-        dh, dcs, dcs_next = temp("dh", (B, H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
+        # Row t*B + n holds step t, batch row n; the spare rows feed padded GEMM rows.
+        dicfo = temp("dicfo", (Tn * B + ROW_TILE, G))
+        dh, dcs, dcs_next = temp("dh", (padded(B), H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
+        spatial("dicfo_pad", (ROW_TILE, G), lambda m, j: T.buffer_store(
+            dicfo, zero(), [L * B + m, j]))
         w_t = temp("w_t", (G, I + H))
-
-        def prev(name, first, t, n, k):
-            """``name[t-1]``, or the initial state ``first`` at t = 0."""
-            return tirx.if_then_else(t > 0, f32(buf[name][t - 1, n, k]), f32(buf[first][n, k]))
+        cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
+            t > 0, f32(buf["cs"][t - 1, n, k]), f32(buf["cs_prev"][n, k]))
 
         spatial("w_t", (G, I + H), lambda j, k: T.buffer_store(w_t, f32(buf["w"][k, j]), [j, k]))
 
@@ -48,20 +49,20 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                 def cell_grad(n, k):
                     acts = (f32(buf[a][vt, n, k]) for a in ("i", "cs", "f", "o", "ci", "co"))
                     grads = cell_backward(
-                        peep, *acts, prev("cs", "cs_prev", vt, n, k),
+                        peep, *acts, cs_prev(vt, n, k),
                         f32(buf["cs_grad"][vt, n, k]) + dcs[n, k],
                         f32(buf["h_grad"][vt, n, k]) + dh[n, k],
                         f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
                     for gate, value in zip("icfo", grads[:4]):
-                        T.buffer_store(dicfo, value, [vt, n, off[gate] + k])
+                        T.buffer_store(dicfo, value, [vt * B + n, off[gate] + k])
                     T.buffer_store(dcs_next, grads[4], [n, k])
 
                 spatial("cell_grad", (B, H), cell_grad)
                 spatial("dcs_update", (B, H),
                         lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]))
-                reduction("dh", dh, (B, H), (G,), lambda n, k: (n, k),
-                          lambda s_, r: dicfo[vt, s_[0], r[0]] * w_t[r[0], I + s_[1]])
-        _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_t, prev)
+                gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j],
+                     lambda j, k: w_t[j, I + k])
+        _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_t)
 
         def state_out(n, k):
             T.buffer_store(buf["cs_prev_grad"], store(dcs[n, k], dtype), [n, k])
@@ -71,26 +72,36 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
     return builder.get()
 
 
-def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_t, prev):
-    """The products over all steps at once: ``x_grad``, ``w_grad``, ``b_grad``, peepholes."""
+def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_t):
+    """The products over all ``L*B`` rows at once: ``x_grad``, ``w_grad``, ``b_grad``, peepholes.
+
+    Row ``r = t*B + n`` of the flat views is step ``t``, batch row ``n``; the previous step's
+    ``h`` / ``cs`` of row ``r`` is row ``r - B`` (the initial state for ``r < B``).
+    """
     L, Tn, B, I, H = sizes
     G = 4 * H
-    xg, wgx, wgh, bg = (temp("xg", (Tn, B, I)), temp("wgx", (I, G)), temp("wgh", (H, G)),
-                        temp("bg", (G,)))
-    ran = L * B > 0  # reductions over (t, b) never ran their init when this is false
-    reduction("x_grad_gemm", xg, (L, B, I), (G,), lambda t, n, k: (t, n, k),
-              lambda s, r: dicfo[s[0], s[1], r[0]] * w_t[r[0], s[2]])
-    reduction("w_grad_x", wgx, (I, G), (L, B), lambda k, j: (k, j),
-              lambda s, r: f32(buf["x"][r[0], r[1], s[0]]) * dicfo[r[0], r[1], s[1]])
-    reduction("w_grad_h", wgh, (H, G), (L, B), lambda k, j: (k, j),
-              lambda s, r: prev("h", "h_prev", r[0], r[1], s[0]) * dicfo[r[0], r[1], s[1]])
-    reduction("b_grad", bg, (G,), (L, B), lambda j: (j,), lambda s, r: dicfo[r[0], r[1], s[0]])
-    peephole_grads(buf, dtype, peep, H, ran, off, (L, B),
-                   lambda gate, k, r: dicfo[r[0], r[1], off[gate] + k],
-                   lambda k, r: prev("cs", "cs_prev", r[0], r[1], k),
-                   lambda k, r: f32(buf["cs"][r[0], r[1], k]))
-    spatial("x_grad_out", (Tn, B, I), lambda t, n, k: T.buffer_store(
-        buf["x_grad"], tirx.if_then_else(t < L, store(xg[t, n, k], dtype), zero(dtype)), [t, n, k]))
+    M = L * B
+    x, h, cs = (flat(buf[n], Tn * B) for n in ("x", "h", "cs"))
+    x_grad = flat(buf["x_grad"], Tn * B)
+
+    def prev(seq, first, r, k):
+        return tirx.if_then_else(r >= B, f32(seq[r - B, k]), f32(buf[first][r, k]))
+
+    xg, wgx, wgh, bg = (temp("xg", (Tn * B + ROW_TILE, I)), temp("wgx", (I, G)),
+                        temp("wgh", (H, G)), temp("bg", (G,)))
+    ran = M > 0  # reductions over the rows never ran their init when this is false
+    gemm("x_grad_gemm", xg, M, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_t[j, k])
+    gemm("w_grad_x", wgx, I, G, M, lambda k, r: f32(x[r, k]), lambda r, j: dicfo[r, j],
+         pad=False)
+    gemm("w_grad_h", wgh, H, G, M, lambda k, r: prev(h, "h_prev", r, k),
+         lambda r, j: dicfo[r, j], pad=False)
+    reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
+    peephole_grads(buf, dtype, peep, H, ran, off, (M,),
+                   lambda gate, k, r: dicfo[r[0], off[gate] + k],
+                   lambda k, r: prev(cs, "cs_prev", r[0], k),
+                   lambda k, r: f32(cs[r[0], k]))
+    spatial("x_grad_out", (Tn * B, I), lambda r, k: T.buffer_store(
+        x_grad, tirx.if_then_else(r < M, store(xg[r, k], dtype), zero(dtype)), [r, k]))
     spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
         buf["w_grad"], tirx.if_then_else(ran, store(tirx.if_then_else(
             k < I, wgx[k, j], wgh[k - I, j]), dtype), zero(dtype)), [k, j]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, TensorSpec
-from ._builder import T, kernel, reduction, spatial, temp, zero
+from ._builder import T, gemm, kernel, padded, reduction, spatial, temp, zero
 from ._gates import f32, store
 
 #: The helper described like a registry op (it is not a TF op, so it is not in ``OPS``).
@@ -31,13 +31,17 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
     G = 4 * H
     with kernel(SPEC, dtype, I, H) as (buf, size, builder):
         B = size["B"]
-        xhg, wg, bg = temp("xhg", (B, I + H)), temp("wg", (I + H, G)), temp("bg", (G,))
-        reduction("xh_grad", xhg, (B, I + H), (G,), lambda n, k: (n, k),
-                  lambda s, r: f32(buf["dicfo"][s[0], r[0]]) * f32(buf["w"][s[1], r[0]]))
-        reduction("w_grad", wg, (I + H, G), (B,), lambda k, j: (k, j),
-                  lambda s, r: tirx.if_then_else(
-                      s[0] < I, f32(buf["x"][r[0], s[0]]), f32(buf["h_prev"][r[0], s[0] - I]))
-                  * f32(buf["dicfo"][r[0], s[1]]))
+        dicfo = buf["dicfo"]
+        xhg, wg, bg = temp("xhg", (padded(B), I + H)), temp("wg", (I + H, G)), temp("bg", (G,))
+        w_t, d_pad = temp("w_t", (G, I + H)), temp("dicfo_pad", (padded(B), G))
+        spatial("w_t", (G, I + H), lambda j, k: T.buffer_store(w_t, f32(buf["w"][k, j]), [j, k]))
+        spatial("dicfo_pad", (padded(B), G), lambda n, j: T.buffer_store(
+            d_pad, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [n, j]))
+        gemm("xh_grad", xhg, B, I + H, G, lambda n, j: d_pad[n, j], lambda j, k: w_t[j, k])
+        gemm("w_grad", wg, I + H, G, B,
+             lambda k, n: tirx.if_then_else(
+                 k < I, f32(buf["x"][n, k]), f32(buf["h_prev"][n, k - I])),
+             lambda n, j: f32(dicfo[n, j]), pad=False)
         reduction("b_grad", bg, (G,), (B,), lambda j: (j,),
                   lambda s, r: f32(buf["dicfo"][r[0], s[0]]))
         spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(

@@ -1,0 +1,54 @@
+"""Default schedules: every block of every kernel gets one, under named CPU targets."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lstm_tvm import build, registry, validation
+from lstm_tvm._tvm import resolve_target
+from lstm_tvm.kernels import BUILDERS
+from lstm_tvm.kernels.cell_grad_matmul import cell_grad_matmul
+from lstm_tvm.schedule import schedule_for
+
+TARGETS = ["llvm", {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4},
+           {"kind": "llvm", "mcpu": "znver4"}]
+
+
+@pytest.mark.parametrize("target", TARGETS, ids=["host", "skylake-avx512", "znver4"])
+@pytest.mark.parametrize("sizes", [(256, 256), (7, 9), (32, 48)], ids=str)
+@pytest.mark.parametrize("op_name", list(registry.OPS))
+def test_every_block_is_scheduled(op_name, sizes, target):
+    op = registry.get_op(op_name)
+    attrs = validation.validate_attrs(op, {"use_peephole": True})
+    func = BUILDERS[op_name](op, "float16", *sizes, attrs)
+    failures = []
+    schedule_for(op_name, func, resolve_target(target), failures)
+    assert failures == []
+
+
+def test_cell_grad_matmul_is_scheduled():
+    failures = []
+    schedule_for("CellGradMatmul", cell_grad_matmul("float32", 33, 16), resolve_target(), failures)
+    assert failures == []
+
+
+def test_scheduled_kernel_has_parallel_and_vector_loops():
+    spec = build.make_spec("BlockLSTMGradV2", "float32", 64, 64, {"use_peephole": True})
+    text = build.primfunc(spec).script()
+    assert "T.parallel(" in text and "T.vectorized(" in text
+
+
+def test_cpu_thread_pool_uses_every_core():
+    """TVM alone would use half the cores on x86; lstm_tvm asks for all of them."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    code = ("import os, lstm_tvm; lstm_tvm.compile('LSTMBlockCell', input_size=2, cell_size=2);"
+            "import tvm; print(os.environ['TVM_NUM_THREADS'], len(os.sched_getaffinity(0)))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300, check=True).stdout.split()
+    assert out[0] == out[1]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
