@@ -30,14 +30,21 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
     return builder.get()
 
 
-def store_cell_outputs(cfg: CellConfig, buf: dict, dtype: str, index: tuple, gate, cs_prev):
+def store_cell_outputs(cfg: CellConfig, buf: dict, dtype: str, index: tuple, gate, cs_prev,
+                       state: dict | None = None):
     """Store ``i, cs, f, o, ci, co, h`` of one cell at ``index`` (gate pre-activations from
-    ``gate(letter)``, the previous cell state ``cs_prev``; both float32)."""
+    ``gate(letter)``, the previous cell state ``cs_prev``; both float32).
+
+    ``state`` maps ``"cs"``/``"h"`` to float32 buffers that also receive the unrounded values,
+    at ``index[-2:]`` (the sequence kernels carry their state this way).
+    """
     k = index[-1]
     values = cell_forward(cfg, gate("i"), gate("c"), gate("f"), gate("o"), cs_prev,
                           f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
     for name, value in zip(("i", "cs", "f", "o", "ci", "co", "h"), values):
         T.buffer_store(buf[name], store(value, dtype), list(index))
+        if state and name in state:
+            T.buffer_store(state[name], value, list(index[-2:]))
 
 
 def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):

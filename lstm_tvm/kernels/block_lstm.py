@@ -1,11 +1,12 @@
 """Kernel of the sequence forward ops ``BlockLSTM`` and ``BlockLSTMV2``.
 
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
-``xw``, its operand widened and row-padded by block ``x_pad``). The time loop (block ``step``) then runs, per step, the recurrent product
-``h @ w[I:]`` (block ``gates``) and the fused gate math (block ``cell``); block
-``state_update`` reloads the stored ``h`` and ``cs`` (rounded to the storage dtype, as TF feeds
-them back) as the next step's float32 state. Steps ``t >= seq_len_max`` are zero in every
-output (block ``pad``).
+``xw``, its operand widened and row-padded by block ``x_pad``). The time loop (block ``step``)
+then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
+math (block ``cell``, which also writes the next float32 state; block ``state_update`` moves
+the new cell state in place). The state stays in float32 between steps, unrounded even for
+float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate). Steps
+``t >= seq_len_max`` are zero in every output (block ``pad``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         x, w = flat(buf["x"], Tn * B), buf["w"]
         x_pad, xw = temp("x_pad", (Tn * B + ROW_TILE, I)), temp("xw", (Tn * B + ROW_TILE, G))
         gates, h_state = temp("gates", (padded(B), G)), temp("h_state", (padded(B), H))
-        cs_state = temp("cs_state", (B, H))
+        cs_state, cs_next = temp("cs_state", (B, H)), temp("cs_next", (B, H))
         spatial("x_pad", (padded(L * B), I), lambda m, k: T.buffer_store(
             x_pad, tirx.if_then_else(m < L * B, f32(x[m, k]), zero()), [m, k]))
         gemm("xw", xw, L * B, G, I, lambda m, k: x_pad[m, k], lambda k, j: f32(w[k, j]),
@@ -51,13 +52,9 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
                      lambda k, j: f32(w[I + k, j]), init=lambda n, j: xw[vt * B + n, j])
                 spatial("cell", (B, H), lambda n, k: store_cell_outputs(
                     cfg, buf, dtype, (vt, n, k), lambda gate: gates[n, off[gate] + k],
-                    cs_state[n, k]))
-
-                def update_state(n, k):
-                    T.buffer_store(h_state, f32(buf["h"][vt, n, k]), [n, k])
-                    T.buffer_store(cs_state, f32(buf["cs"][vt, n, k]), [n, k])
-
-                spatial("state_update", (B, H), update_state)
+                    cs_state[n, k], state={"h": h_state, "cs": cs_next}))
+                spatial("state_update", (B, H), lambda n, k: T.buffer_store(
+                    cs_state, cs_next[n, k], [n, k]))
 
         def pad(t, n, k):
             for name in OUTPUTS:

@@ -1,0 +1,287 @@
+"""Run lstm_tvm nodes in ONNX Runtime with lstm_tvm's TVM kernels (onnxruntime-extensions PyOps).
+
+Two routes run a model holding :data:`~.domain.DOMAIN` nodes in onnxruntime:
+
+- **Function route** (no custom kernel): build the model with its ONNX functions attached
+  (:func:`~.models.make_model`, ``with_functions=True``) and open it with a plain
+  ``onnxruntime.InferenceSession``; onnxruntime inlines the functions (standard ops, native
+  speed). float32 and float16.
+- **PyOp route** (this module): :func:`register_ort_ops` registers one PyOp per registry op
+  (op type ``"org.lstm_tvm::<Op>"``) that calls :func:`lstm_tvm.raw_ops.run`;
+  :func:`session_options` returns ``SessionOptions`` with the extensions library registered.
+  A registered PyOp takes precedence over an attached function. **float32 only.**
+  :class:`InferenceSession` wraps both steps and adds the safety below.
+
+Safety of the PyOp route (onnxruntime-extensions 0.15.2, measured):
+
+- A PyOp declaring a float16 input aborts the process when it runs, so the PyOps declare
+  float32 only; onnxruntime then refuses a float16 model at session creation with an
+  ``InvalidGraph`` exception (no abort). :class:`InferenceSession` raises a ``TypeError``
+  naming the node before that, or with ``float16="cast"`` inserts ``Cast`` nodes around each
+  float16 lstm_tvm node (float32 kernels on float16-rounded inputs, outputs rounded to float16).
+- A Python exception escaping a PyOp aborts the process. So the PyOps never raise: a failing
+  call (e.g. an input of the wrong shape) is logged, remembered (:func:`last_error`), returns
+  zeros and sets ``terminate`` on the ``RunOptions`` of the :class:`InferenceSession` run in
+  progress, which then raises the original ``ValueError``/``TypeError``. In a plain
+  ``onnxruntime`` session the failing node's outputs are zeros and only the log tells.
+- Every declared attribute must be on the node: :func:`~.models.make_node` writes TF's
+  defaults; :func:`prepare_model` adds missing ones to nodes built elsewhere.
+
+Inputs are copied into NumPy and outputs travel through Python lists: the route is for
+correctness and convenience, not speed (:func:`compare_routes` measures it).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import threading
+import time
+
+import numpy as np
+import onnx
+
+from .. import raw_ops
+from ..registry import OPS, OpSpec, eval_dim
+from ._prepare import float16_nodes, prepare_model
+from .domain import DOMAIN
+
+__all__ = [
+    "PYOP_TYPES",
+    "InferenceSession",
+    "compare_routes",
+    "float16_nodes",
+    "last_error",
+    "prepare_model",
+    "register_ort_ops",
+    "session_options",
+]
+
+log = logging.getLogger(__name__)
+
+#: The onnxruntime-extensions op type of each registry op (the domain is part of the name).
+PYOP_TYPES = {name: f"{DOMAIN}::{name}" for name in OPS}
+
+_REGISTERED: dict[str, object] = {}
+_LOCK = threading.Lock()
+_STATE = threading.local()  # .run: this thread's InferenceSession.run in progress
+_ACTIVE: list[dict] = []  # every InferenceSession.run in progress: {"options", "error"}
+_LAST_ERROR: list = [None]
+
+
+def _extensions():
+    try:
+        import onnxruntime_extensions as ortx
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("lstm_tvm.onnx.ort needs onnxruntime-extensions "
+                          "(pip install 'lstm-tvm[ort]')") from exc
+    return ortx
+
+
+def last_error() -> BaseException | None:
+    """The exception of the most recent failing PyOp call (any thread), or None."""
+    return _LAST_ERROR[0]
+
+
+def _fallback_outputs(op: OpSpec, arrays) -> tuple[np.ndarray, ...]:
+    """Zeros of the registry shapes, sizes read from ``x``/``cs_prev`` where possible."""
+    sizes = {"T": 0, "B": 0, "I": 0, "H": 0}
+    try:
+        x, cs_prev = (np.shape(arrays[op.input_names.index(n)]) for n in ("x", "cs_prev"))
+        if len(x) == len(op.input("x").shape):
+            sizes.update(zip(op.input("x").shape, (int(d) for d in x)))
+        if len(cs_prev) == 2:
+            sizes["H"] = int(cs_prev[1])
+    except Exception as exc:  # noqa: BLE001 - best effort: keep the zero sizes
+        log.debug("no sizes for the fallback outputs of %s: %s", op.name, exc)
+    return tuple(np.zeros([eval_dim(d, sizes) for d in t.shape], np.float32)
+                 for t in op.outputs)
+
+
+def _current_run() -> dict | None:
+    run = getattr(_STATE, "run", None)
+    if run is None:
+        with _LOCK:  # a kernel on an onnxruntime pool thread: the only run in progress
+            run = _ACTIVE[0] if len(_ACTIVE) == 1 else None
+    return run
+
+
+def _fail(op: OpSpec, exc: BaseException, arrays):
+    _LAST_ERROR[0] = exc
+    log.error("lstm_tvm PyOp %s failed (outputs are zeros): %s: %s", op.name,
+              type(exc).__name__, exc)
+    run = _current_run()
+    if run is not None:
+        run["error"] = exc
+        run["options"].terminate = True  # onnxruntime stops before the next node
+    return _fallback_outputs(op, arrays)
+
+
+def _make_kernel(op: OpSpec):
+    bools = {a.name for a in op.attrs if a.type is bool}
+
+    def kernel(*arrays, **attrs):
+        try:
+            if len(arrays) != len(op.inputs):
+                raise TypeError(f"{op.name}: expected {len(op.inputs)} inputs, got {len(arrays)}")
+            attrs = {k: (bool(v) if k in bools else float(v)) for k, v in attrs.items()}
+            out = raw_ops.run(op.name, dict(zip(op.input_names, arrays)), attrs)
+            return tuple(np.ascontiguousarray(o, dtype=np.float32) for o in out)
+        except BaseException as exc:  # noqa: BLE001 - an escaping exception aborts the process
+            return _fail(op, exc, arrays)
+
+    kernel.__name__ = op.name
+    return kernel
+
+
+def register_ort_ops() -> list[str]:
+    """Register the PyOps of all registry ops (idempotent); return their op types."""
+    ortx = _extensions()
+    dt = ortx.PyCustomOpDef
+    with _LOCK:
+        for op in OPS.values():
+            if op.name in _REGISTERED:
+                continue
+            types = [dt.dt_int64 if t.dtype == "int64" else dt.dt_float for t in op.inputs]
+            attrs = {a.name: dt.dt_int64 if a.type is bool else dt.dt_float for a in op.attrs}
+            _REGISTERED[op.name] = ortx.onnx_op(
+                op_type=PYOP_TYPES[op.name], inputs=types,
+                outputs=[dt.dt_float] * len(op.outputs), attrs=attrs)(_make_kernel(op))
+    return [PYOP_TYPES[n] for n in OPS]
+
+
+def session_options(base=None, *, register: bool = True):
+    """``onnxruntime.SessionOptions`` (``base`` or new) with the extensions library registered.
+
+    With ``register`` (default) the PyOps are registered first (:func:`register_ort_ops`).
+    Only float32 models run on this route (see the module doc).
+    """
+    import onnxruntime
+
+    if register:
+        register_ort_ops()
+    options = base if base is not None else onnxruntime.SessionOptions()
+    options.register_custom_ops_library(_extensions().get_library_path())
+    return options
+
+
+class InferenceSession:
+    """An ``onnxruntime.InferenceSession`` on the PyOp route, with the safety of the module doc.
+
+    ``model`` is a ``ModelProto``, serialized bytes or a path; ``float16`` as
+    :func:`prepare_model`; other keyword arguments go to ``onnxruntime.InferenceSession``
+    (``providers`` defaults to CPU). :meth:`run` raises the PyOp's own exception (e.g.
+    ``ValueError`` for a wrong shape) when an lstm_tvm node fails.
+    """
+
+    def __init__(self, model, *, float16: str = "error", sess_options=None, **kwargs):
+        import onnxruntime
+
+        if not isinstance(model, onnx.ModelProto):
+            model = onnx.load_model_from_string(model) if isinstance(model, bytes) \
+                else onnx.load(model)
+        self.model = prepare_model(model, float16=float16)
+        kwargs.setdefault("providers", ["CPUExecutionProvider"])
+        self.session = onnxruntime.InferenceSession(
+            self.model.SerializeToString(), session_options(sess_options), **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+    def run(self, output_names, input_feed, run_options=None):
+        """As ``onnxruntime.InferenceSession.run``; a failing lstm_tvm node raises its error."""
+        import onnxruntime
+
+        run = {"options": run_options if run_options is not None else onnxruntime.RunOptions(),
+               "error": None}
+        with _LOCK:
+            _ACTIVE.append(run)
+        _STATE.run = run
+        try:
+            result = self.session.run(output_names, input_feed, run["options"])
+        except Exception as exc:
+            if run["error"] is not None:
+                raise run["error"] from exc
+            raise
+        finally:
+            if run["error"] is not None:
+                run["options"].terminate = False  # set by the failing PyOp
+            _STATE.run = None
+            with _LOCK:
+                _ACTIVE[:] = [r for r in _ACTIVE if r is not run]
+        if run["error"] is not None:  # the failing node was the last one to run
+            raise run["error"]
+        return result
+
+
+# --- route timings ---------------------------------------------------------------------------
+
+def _median_ms(routes: dict, repeat: int) -> dict[str, float]:
+    """Median ms per route; the routes take turns so that load drift hits all alike."""
+    times: dict[str, list[float]] = {name: [] for name in routes}
+    for fn in routes.values():
+        fn()  # warm-up (compiles, allocates)
+    for _ in range(repeat):
+        for name, fn in routes.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def _no_spinning(onnxruntime):
+    """Session options whose idle threads sleep: spinning onnxruntime threads would steal the
+    cores from TVM's thread pool between the interleaved calls."""
+    options = onnxruntime.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return options
+
+
+def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32, I: int = 256,
+                   H: int = 256, dtype: str = "float32", use_peephole: bool = False,
+                   repeat: int = 5, seed: int = 0) -> dict[str, float]:
+    """Time one call of ``op_name`` by each route and print a table (median ms of ``repeat``).
+
+    Routes: ``tvm`` (the compiled TVM op on TVM tensors made beforehand: the kernel alone),
+    ``raw_ops`` (:func:`lstm_tvm.raw_ops.run` on NumPy arrays: validation and copies added),
+    ``ort_pyop`` (onnxruntime with the PyOp calling ``raw_ops``) and ``ort_function``
+    (onnxruntime running the op's ONNX function, no TVM; float16 via ``Cast`` nodes on the
+    PyOp route). Returns ``{route: ms}``.
+    """
+    import onnxruntime
+
+    from .. import testing
+    from .._tvm import tvm
+    from ..api import compile as tvm_compile
+    from .models import make_model
+
+    op = OPS[op_name]
+    attrs = {"use_peephole": use_peephole}
+    kw = {"T": T} if op.kind == "sequence" else {}
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, attrs=attrs, seed=seed,
+                                 **kw)
+    compiled = tvm_compile(op_name, dtype=dtype, input_size=I, cell_size=H, **attrs)
+    tensors = {n: int(v) if n == "seq_len_max" else tvm.runtime.tensor(v, compiled.device)
+               for n, v in inputs.items()}
+    out = compiled(**tensors)
+    model = make_model(op_name, dtype, input_size=I, cell_size=H, attrs=attrs,
+                       with_functions=False)
+    pyop = InferenceSession(model, float16="cast", sess_options=_no_spinning(onnxruntime))
+    function = onnxruntime.InferenceSession(
+        make_model(op_name, dtype, input_size=I, cell_size=H, attrs=attrs).SerializeToString(),
+        _no_spinning(onnxruntime), providers=["CPUExecutionProvider"])
+    routes = {
+        "tvm": lambda: compiled(**tensors, out=out),
+        "raw_ops": lambda: raw_ops.run(op_name, inputs, attrs),
+        "ort_pyop": lambda: pyop.run(None, inputs),
+        "ort_function": lambda: function.run(None, inputs),
+    }
+    result = _median_ms(routes, repeat)
+    base = result["raw_ops"]
+    print(f"{op_name} {dtype} T={T} B={B} I={I} H={H} use_peephole={use_peephole}, "
+          f"median of {repeat} calls")
+    print(f"{'route':<14}{'ms':>10}{'- raw_ops ms':>14}{'/ raw_ops':>11}")
+    for name, ms in result.items():
+        print(f"{name:<14}{ms:>10.2f}{ms - base:>+14.2f}{ms / base:>10.2f}x")
+    return result

@@ -1,0 +1,211 @@
+"""The PyOp route: onnxruntime running lstm_tvm's TVM kernels through onnxruntime-extensions.
+
+What could abort the process (a float16 tensor at a PyOp, an exception escaping a PyOp) is
+exercised in a subprocess that must survive and report what it saw.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from lstm_tvm import onnx as lo
+from lstm_tvm import reference, testing
+from lstm_tvm.registry import OPS
+
+ort = pytest.importorskip("onnxruntime", reason="the PyOp route needs onnxruntime")
+pytest.importorskip("onnxruntime_extensions", reason="the PyOp route needs onnxruntime-extensions")
+from lstm_tvm.onnx import ort as lort
+
+T, B, I, H = 4, 3, 5, 6
+
+
+def _pair(fwd_name, dtype="float32", **attrs):
+    return lo.make_forward_backward_model(fwd_name, dtype, input_size=I, cell_size=H,
+                                          attrs=attrs, with_functions=False)
+
+
+def _pair_inputs(fwd_name, dtype="float32", seq_len_max=T, attrs=None, seed=0):
+    bwd = OPS[fwd_name].pair
+    kw = {} if OPS[fwd_name].kind == "cell" else {"T": T, "seq_len_max": seq_len_max}
+    return testing.make_inputs(bwd, dtype=dtype, B=B, I=I, H=H, attrs=attrs, seed=seed, **kw)
+
+
+def _feeds(session, inputs):
+    return {i.name: inputs[i.name] for i in session.get_inputs()}
+
+
+def _run(session, inputs):
+    outputs = session.run(None, _feeds(session, inputs))
+    return dict(zip([o.name for o in session.get_outputs()], outputs))
+
+
+def _check_pair(fwd_name, out, inputs, attrs, dtype="float32"):
+    fwd, bwd = OPS[fwd_name], OPS[OPS[fwd_name].pair]
+    ref_fwd = reference.run(fwd.name, {k: inputs[k] for k in fwd.input_names}, attrs)
+    stored = {k: v.astype(dtype) for k, v in ref_fwd.items() if k in bwd.input_names}
+    ref_bwd = reference.run(bwd.name, {**{k: inputs[k] for k in bwd.input_names}, **stored},
+                            {"use_peephole": attrs["use_peephole"]})
+    for name, expected in {**ref_fwd, **ref_bwd}.items():
+        assert out[name].dtype == np.dtype(dtype), name
+        testing.assert_close(out[name], expected, dtype, f"{fwd_name} pair: {name}")
+
+
+def test_register_ort_ops_is_idempotent():
+    first = lort.register_ort_ops()
+    assert lort.register_ort_ops() == first == [f"org.lstm_tvm::{n}" for n in OPS]
+    options = lort.session_options()
+    assert isinstance(options, ort.SessionOptions)
+
+
+@pytest.mark.parametrize("fwd_name, use_peephole, seq_len_max", [
+    ("LSTMBlockCell", False, None), ("LSTMBlockCell", True, None),
+    ("BlockLSTM", True, T - 1),
+    ("BlockLSTMV2", False, T), ("BlockLSTMV2", True, 0), ("BlockLSTMV2", True, T - 2),
+])
+def test_pyop_forward_backward_matches_reference(fwd_name, use_peephole, seq_len_max):
+    attrs = {"use_peephole": use_peephole}
+    inputs = _pair_inputs(fwd_name, seq_len_max=seq_len_max, attrs=attrs)
+    session = lort.InferenceSession(_pair(fwd_name, **attrs))
+    _check_pair(fwd_name, _run(session, inputs), inputs, attrs)
+
+
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "LSTMBlockCellGrad"])
+def test_pyop_cell_ops_in_plain_session(op_name):
+    """A plain onnxruntime session with :func:`session_options` runs the PyOps."""
+    attrs = {"use_peephole": True}
+    model = lo.make_model(op_name, "float32", input_size=I, cell_size=H, attrs=attrs,
+                          with_functions=True)  # the registered PyOp wins over the function
+    session = ort.InferenceSession(model.SerializeToString(), lort.session_options(),
+                                   providers=["CPUExecutionProvider"])
+    inputs = testing.make_inputs(op_name, B=B, I=I, H=H, attrs=attrs, seed=1)
+    out = _run(session, inputs)
+    for name, expected in reference.run(op_name, inputs, attrs).items():
+        testing.assert_close(out[name], expected, "float32", f"{op_name}.{name}")
+
+
+def test_prepare_model_fills_default_attributes():
+    model = lo.make_model("BlockLSTM", "float32", input_size=I, cell_size=H,
+                          with_functions=False)
+    del model.graph.node[0].attribute[:]
+    prepared = lort.prepare_model(model)
+    attrs = {a.name: onnx_value(a) for a in prepared.graph.node[0].attribute}
+    assert attrs == {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": 0}
+    inputs = testing.make_inputs("BlockLSTM", B=B, I=I, H=H, T=T, seed=2)
+    out = _run(lort.InferenceSession(model), inputs)
+    for name, expected in reference.run("BlockLSTM", inputs, {}).items():
+        testing.assert_close(out[name], expected, "float32", name)
+
+
+def onnx_value(attr):
+    from onnx import helper
+
+    return helper.get_attribute_value(attr)
+
+
+def test_float16_model_refused_with_clear_error():
+    with pytest.raises(TypeError, match="float16.*function route"):
+        lort.InferenceSession(_pair("BlockLSTMV2", "float16", use_peephole=True))
+    assert len(lort.float16_nodes(_pair("BlockLSTMV2", "float16"))) == 2
+    assert lort.float16_nodes(_pair("BlockLSTMV2", "float32")) == []
+
+
+def test_wrong_shape_raises_in_process():
+    session = lort.InferenceSession(_pair("BlockLSTMV2", use_peephole=False))
+    inputs = _pair_inputs("BlockLSTMV2", attrs={"use_peephole": False})
+    feeds = _feeds(session, inputs)
+    with pytest.raises(ValueError, match="seq_len_max"):
+        session.run(None, {**feeds, "seq_len_max": np.asarray(T + 1, np.int64)})
+    with pytest.raises(Exception, match="Got invalid dimensions for input: w"):
+        session.run(None, {**feeds, "w": np.zeros((I + H + 1, 4 * H), np.float32)})
+    # the session still works afterwards
+    _check_pair("BlockLSTMV2", _run(session, inputs), inputs, {"use_peephole": False})
+
+
+_SURVIVAL_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import onnxruntime as ort
+    from lstm_tvm import onnx as lo, reference, testing
+    from lstm_tvm.onnx import ort as lort
+
+    T, B, I, H = 4, 3, 5, 6
+    seen = {}
+
+    def attempt(key, fn):
+        try:
+            fn()
+            seen[key] = "ok"
+        except Exception as exc:
+            seen[key] = f"{type(exc).__name__}: {exc}"
+
+    def pair(dtype):
+        return lo.make_forward_backward_model("BlockLSTMV2", dtype, input_size=I, cell_size=H,
+                                              attrs={"use_peephole": True},
+                                              with_functions=False)
+
+    inputs = testing.make_inputs("BlockLSTMGradV2", dtype="float16", B=B, I=I, H=H, T=T,
+                                 attrs={"use_peephole": True})
+    # float16 on the PyOp route: plain onnxruntime, the wrapper, the wrapper with casts
+    attempt("plain_f16", lambda: ort.InferenceSession(
+        pair("float16").SerializeToString(), lort.session_options(),
+        providers=["CPUExecutionProvider"]))
+    attempt("wrapper_f16", lambda: lort.InferenceSession(pair("float16")))
+    cast = lort.InferenceSession(pair("float16"), float16="cast")
+    feeds = {i.name: inputs[i.name] for i in cast.get_inputs()}
+    out = dict(zip([o.name for o in cast.get_outputs()], cast.run(None, feeds)))
+    ref = reference.run("BlockLSTMV2", {k: inputs[k] for k in
+                        ["seq_len_max", "x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b"]},
+                        {"use_peephole": True})
+    def check():
+        for k, v in ref.items():
+            assert out[k].dtype == np.float16, k
+            testing.assert_close(out[k], v, "float16", k)
+    attempt("cast_f16", check)
+
+    # malformed inputs: an inconsistent T among symbolic dims reaches the PyOp
+    f32 = {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
+    bad = {**f32, "h_grad": np.zeros((T + 1, B, H), np.float32)}
+    plain = ort.InferenceSession(pair("float32").SerializeToString(), lort.session_options(),
+                                 providers=["CPUExecutionProvider"])
+    attempt("plain_bad_shape", lambda: plain.run(None, bad))
+    seen["plain_last_error"] = str(lort.last_error())
+    wrapped = lort.InferenceSession(pair("float32"))
+    attempt("wrapper_bad_shape", lambda: wrapped.run(None, bad))
+    attempt("wrapper_bad_rank", lambda: wrapped.run(None, {**f32, "x": f32["x"][0]}))
+    attempt("wrapper_good", lambda: wrapped.run(None, f32))
+    print("SURVIVED " + json.dumps(seen))
+""")
+
+
+def test_pyop_route_never_aborts():
+    proc = subprocess.run([sys.executable, "-c", _SURVIVAL_SCRIPT], check=False,
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, f"rc={proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+    line = next(s for s in proc.stdout.splitlines() if s.startswith("SURVIVED "))
+    seen = json.loads(line[len("SURVIVED "):])
+    assert seen["plain_f16"].startswith("InvalidGraph") and "float16" in seen["plain_f16"]
+    assert seen["wrapper_f16"].startswith("TypeError") and "float16" in seen["wrapper_f16"]
+    assert seen["cast_f16"] == "ok"
+    assert seen["plain_bad_shape"] == "ok"  # a plain session cannot raise: zeros, logged
+    assert "h_grad" in seen["plain_last_error"]
+    assert seen["wrapper_bad_shape"].startswith("ValueError") and "h_grad" in \
+        seen["wrapper_bad_shape"]
+    assert seen["wrapper_bad_rank"].startswith(("ValueError", "InvalidArgument")), \
+        seen["wrapper_bad_rank"]
+    assert seen["wrapper_good"] == "ok"
+
+
+def test_compare_routes_smoke(capsys):
+    result = lort.compare_routes("LSTMBlockCellGrad", T=1, B=2, I=3, H=4, repeat=1)
+    assert set(result) == {"tvm", "raw_ops", "ort_pyop", "ort_function"}
+    assert all(v > 0 for v in result.values())
+    assert "ort_pyop" in capsys.readouterr().out
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))
