@@ -291,3 +291,10 @@ def cache_clear():
     for d in dirs:
         shutil.rmtree(d)
     click.echo(f"removed {count} entries from {root}")
+
+
+# --- bench (lstm_tvm.bench) ---------------------------------------------------------------------
+
+from .bench import command as _bench_command  # noqa: E402  (bench imports cli's helpers lazily)
+
+main.add_command(_bench_command, "bench")

@@ -1,0 +1,347 @@
+"""``lstm-tvm bench``: lstm_tvm against TF 2.21, PyTorch and a NumPy GEMM roofline, one table.
+
+For each shape ``(T, B, I, H)`` and case (sequence forward and backward, cell forward, cell
+backward with and without the matmul part) it times every implementation on inputs made
+beforehand and prints medians, GFLOP/s, GB/s (cell cases), peak extra memory and the speed
+ratios of lstm_tvm. Each (implementation, shape, case) runs in its own worker process
+(:mod:`lstm_tvm.bench_peers`, ``--isolate case``), so thread pools and RSS high-water marks
+never mix; ``--isolate impl`` runs one worker per implementation instead (faster start-up).
+
+What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones):
+
+- lstm_tvm: the :class:`~lstm_tvm.api.CompiledOp` call (with its input checks) on TVM tensors
+  made beforehand, outputs reused with ``out=``; compiling is outside, reported as ``compile s``.
+- TF: the eager ``tf.raw_ops.<Op>(...)`` call on ``tf.constant`` inputs (eager dispatch, about
+  tens of microseconds, is included; outputs are allocated by TF in every call).
+- PyTorch: ``nn.LSTM`` / ``nn.LSTMCell`` forward with autograd on (it saves what backward needs,
+  as BlockLSTM outputs its activations); for the backward cases the forward runs untimed before
+  each call and only ``backward()`` is timed (gradients of x, h0, c0 and the weights).
+- NumPy: float32 ``matmul`` of ``(T*B, I+H) x (I+H, 4H)`` (once forward, twice backward: the
+  case's FLOPs), whatever ``--dtype``; ``cell bwd (gates only)`` has no GEMM, so its roofline is
+  a copy moving the case's bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from importlib import metadata
+from pathlib import Path
+
+import click
+import numpy as np
+
+from . import bench_peers as peers
+from .registry import DTYPES, forget_bias_of, get_op
+
+__all__ = ["command", "main", "run", "parse_shapes", "case_ops", "case_flops", "case_bytes"]
+
+DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
+PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "numpy": "roofline"}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
+    """``"32x16x128x128,64x32x256x256"`` -> ``[(32, 16, 128, 128), ...]`` (T, B, I, H)."""
+    shapes = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        dims = part.lower().split("x")
+        if len(dims) != 4 or not all(d.isdigit() and int(d) > 0 for d in dims):
+            raise ValueError(f"shape {part!r}: expected TxBxIxH with positive ints, e.g. 4x2x8x8")
+        shapes.append(tuple(int(d) for d in dims))
+    if not shapes:
+        raise ValueError("no shape given")
+    return shapes
+
+
+def case_ops(case: str, v2: bool = False) -> tuple[str, ...]:
+    """The op(s) a case runs in lstm_tvm and TF; ``v2`` picks the V2 sequence ops."""
+    v = "V2" if v2 else ""
+    return {"seq_fwd": (f"BlockLSTM{v}",), "seq_bwd": (f"BlockLSTMGrad{v}",),
+            "cell_fwd": ("LSTMBlockCell",), "cell_bwd": ("LSTMBlockCellGrad",),
+            "cell_bwd_full": ("LSTMBlockCellGrad", "CellGradMatmul")}[case]
+
+
+def case_flops(case: str, T: int, B: int, I: int, H: int) -> int | None:
+    """GEMM FLOPs: forward ``8*T*B*H*(I+H)``, backward twice that, cells with ``T = 1``.
+
+    ``cell_bwd`` (LSTMBlockCellGrad alone: gate gradients, elementwise) has none: None.
+    """
+    per = 8 * (T if case.startswith("seq") else 1) * B * H * (I + H)
+    return {"seq_fwd": per, "seq_bwd": 2 * per, "cell_fwd": per, "cell_bwd": None,
+            "cell_bwd_full": 2 * per}[case]
+
+
+def case_bytes(case: str, dtype: str, T: int, B: int, I: int, H: int) -> int:
+    """Bytes of all inputs and outputs of a case's op(s) at ``dtype`` (``dicfo`` counted once)."""
+    sizes = {"T": T, "B": B, "I": I, "H": H}
+    elems = {}
+    for name in case_ops(case):
+        if name == "CellGradMatmul":  # its inputs x, h_prev, w, dicfo are counted already
+            elems.update(x_grad=B * I, h_prev_grad=B * H, w_grad=(I + H) * 4 * H, b_grad=4 * H)
+            continue
+        for spec in get_op(name).inputs + get_op(name).outputs:
+            if spec.dtype == "T":
+                elems[spec.name] = int(np.prod(spec.concrete_shape(sizes)))
+    return sum(elems.values()) * np.dtype(dtype).itemsize
+
+
+def machine() -> dict:
+    """CPU model (from /proc/cpuinfo) and the number of usable cores."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": model, "cores": cores or 1}
+
+
+def versions() -> dict:
+    """Installed versions of the measured packages (None when missing), without importing them."""
+    out = {}
+    for dist in ("lstm-tvm", "apache-tvm", "tensorflow-cpu", "tensorflow", "torch", "numpy"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+# --- planning -----------------------------------------------------------------------------------
+
+def _write_inputs(folder: Path, shape, case: str, opts: dict, done: dict) -> dict:
+    """Write (once) the real and tiny inputs of a case's first op; return the item's fields."""
+    T, B, I, H = shape
+    op = get_op(case_ops(case, opts["v2"])[0])
+    from .testing import make_inputs
+
+    paths = []
+    for t, b in ((T, B), (1, 1)):
+        key = (op.name, t, b, I, H)
+        if key not in done:
+            done[key] = str(folder / f"in{len(done)}.npz")
+            np.savez(done[key], **make_inputs(
+                op.name, dtype=opts["dtype"], B=b, I=I, H=H, seed=opts["seed"],
+                T=t if op.kind == "sequence" else None, attrs={"use_peephole": False}))
+        paths.append(done[key])
+    fwd = op if op.direction == "forward" else get_op(op.pair)
+    return {"inputs": paths[0], "tiny_inputs": paths[1], "layout": op.gate_layout,
+            "forget_bias": forget_bias_of(fwd, fwd.defaults()),
+            "bytes": case_bytes(case, opts["dtype"], T, B, I, H)}
+
+
+def plan(opts: dict, folder: Path, bar=None) -> tuple[list[dict], list[dict]]:
+    """Worker jobs (inputs written to ``folder``), and rows decided without running."""
+    jobs, fixed, done = {}, [], {}
+    items = [(s, c, i) for s in opts["shapes"] for c in opts["cases"] for i in opts["only"]]
+    for shape, case, impl in items:
+        row = {"impl": impl, "shape": list(shape), "case": case}
+        if (impl, case) in peers.NOT_APPLICABLE:
+            fixed.append(dict(row, status="n/a", error=peers.NOT_APPLICABLE[impl, case]))
+        elif not peers.is_installed(impl):
+            fixed.append(dict(row, status="not installed",
+                              error=f"package {peers.PACKAGES[impl]!r} not found"))
+        else:
+            item = dict(row, ops=case_ops(case, opts["v2"]),
+                        **_write_inputs(folder, shape, case, opts, done))
+            key = impl if opts["isolate"] == "impl" else (impl, tuple(shape), case)
+            jobs.setdefault(key, {"impl": impl, "items": []})["items"].append(item)
+        if bar is not None:
+            bar.update(1)
+    common = {k: opts[k] for k in ("dtype", "threads", "warmup", "repeat", "v2", "seed")}
+    return [dict(job, **common) for job in jobs.values()], fixed
+
+
+def worker_env(threads: int) -> dict:
+    """The workers' environment: every runtime's thread count, set before it starts."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    return env
+
+
+def run_worker(job: dict, folder: Path, env: dict, timeout: float, bar) -> list[dict]:
+    """Run one job in a fresh process; items it did not finish become error rows."""
+    n = len(list(folder.glob("job*.json")))
+    job_path, out_path, err_path = (folder / f"job{n}.json", folder / f"out{n}.json",
+                                    folder / f"err{n}.txt")
+    job_path.write_text(json.dumps(job))
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, peers.__file__, str(job_path), str(out_path)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        timed_out = threading.Event()
+        timer = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
+        timer.start()
+        for line in proc.stdout:
+            if line.startswith(peers.DONE_MARK):
+                bar.update(1)
+        proc.wait()
+        timer.cancel()
+    results = json.loads(out_path.read_text()) if out_path.exists() else []
+    status = "timeout" if timed_out.is_set() else "error"
+    tail = err_path.read_text()[-600:].strip()
+    for item in job["items"][len(results):]:
+        bar.update(1)
+        results.append({"impl": job["impl"], "shape": item["shape"], "case": item["case"],
+                        "status": status, "error": f"worker exit {proc.returncode}: {tail}"})
+    return results
+
+
+def run(opts: dict) -> dict:
+    """Plan, run every worker and aggregate; returns ``{"meta": ..., "results": [...]}``."""
+    from tqdm import tqdm
+
+    start, load = time.perf_counter(), [os.getloadavg()[0]]
+    env = worker_env(opts["threads"])
+    with tempfile.TemporaryDirectory(prefix="lstm-tvm-bench-") as tmp:
+        folder = Path(tmp)
+        if opts["no_cache"]:
+            env["LSTM_TVM_CACHE_DIR"] = str(folder / "cache")
+        n_items = len(opts["shapes"]) * len(opts["cases"]) * len(opts["only"])
+        with tqdm(total=n_items, desc="inputs", file=sys.stderr, disable=None, leave=False) as bar:
+            jobs, results = plan(opts, folder, bar)
+        total = sum(len(j["items"]) for j in jobs)
+        with tqdm(total=total, desc="bench", unit="case", file=sys.stderr, disable=None,
+                  leave=False) as bar:
+            for job in jobs:
+                bar.set_postfix_str(f"{job['impl']} {job['items'][0]['case']}")
+                results += run_worker(job, folder, env, opts["timeout"], bar)
+    meta = {k: opts[k] for k in ("dtype", "threads", "repeat", "warmup", "isolate", "v2",
+                                 "seed", "no_cache")}
+    meta.update(shapes=[list(s) for s in opts["shapes"]], cases=opts["cases"],
+                impls=opts["only"], machine=machine(), versions=versions(),
+                sequence_ops=list(case_ops("seq_fwd", opts["v2"]) + case_ops("seq_bwd",
+                                                                             opts["v2"])),
+                load_avg=load + [os.getloadavg()[0]], wall_s=time.perf_counter() - start)
+    return {"meta": meta, "results": aggregate(results, opts)}
+
+
+# --- aggregation and output ---------------------------------------------------------------------
+
+def aggregate(results: list[dict], opts: dict) -> list[dict]:
+    """Sort rows as the table shows them and add FLOPs, GFLOP/s, GB/s and speed ratios."""
+    order = {(tuple(s), c, i): k for k, (s, c, i) in enumerate(
+        (s, c, i) for s in opts["shapes"] for c in opts["cases"] for i in opts["only"])}
+    rows = sorted(results, key=lambda r: order[tuple(r["shape"]), r["case"], r["impl"]])
+    ms = {(tuple(r["shape"]), r["case"], r["impl"]): r.get("median_ms") for r in rows
+          if r["status"] == "ok"}
+    for r in rows:
+        T, B, I, H = r["shape"]
+        r["label"] = peers.CASES[r["case"]]
+        r["flops"] = case_flops(r["case"], T, B, I, H)
+        r["bytes"] = case_bytes(r["case"], opts["dtype"], T, B, I, H)
+        t = r.get("median_ms") if r["status"] == "ok" else None
+        copy = r["impl"] == "numpy" and r["case"] == "cell_bwd"
+        r["gflops"] = r["flops"] / (t * 1e6) if t and r["flops"] and not copy else None
+        cell_row = r["case"].startswith("cell") and (r["impl"] != "numpy" or copy)
+        r["gbs"] = r["bytes"] / (t * 1e6) if t and cell_row else None
+        peers_ms = {p: ms.get((tuple(r["shape"]), r["case"], p)) for p in ("tf", "torch", "numpy")}
+        for peer, their in peers_ms.items():
+            mine = r["impl"] == "lstm_tvm" or (peer == "numpy" and r["impl"] != "numpy")
+            r[f"vs_{PEER_NAMES[peer]}"] = their / t if t and their and mine else None
+    return rows
+
+
+def _num(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(report: dict) -> str:
+    """The header lines, the table and the notes, as printed."""
+    from .cli import format_table
+
+    meta, rows = report["meta"], report["results"]
+    m, v = meta["machine"], meta["versions"]
+    head = (f"threads {meta['threads']}, repeat {meta['repeat']} (medians), warmup "
+            f"{meta['warmup']}, dtype {meta['dtype']}, isolate {meta['isolate']}, machine: "
+            f"{m['cpu']}, {m['cores']} cores, load avg {meta['load_avg'][0]:.2f} -> "
+            f"{meta['load_avg'][1]:.2f} (1 min, whole machine)")
+    vers = ", ".join(f"{k} {val}" for k, val in v.items() if val)
+    table = format_table(
+        ("shape TxBxIxH", "case", "impl", "median ms", "min ms", "GFLOP/s", "GB/s", "peak MiB",
+         "vs TF", "vs torch", "vs roofline", "compile s", "timed"),
+        [("x".join(map(str, r["shape"])), r["label"], r["impl"],
+          _num(r.get("median_ms"), ".3f") if r["status"] == "ok" else r["status"],
+          _num(min(r["times_ms"]) if r["status"] == "ok" else None, ".3f"),
+          _num(r["gflops"], ".1f"), _num(r["gbs"], ".2f"), _num(r.get("peak_mib"), ".1f"),
+          _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"), _num(r["vs_roofline"], ".2f"),
+          _num(r.get("compile_s"), ".2f") + ("*" if r.get("cached") else ""),
+          r.get("what", "-")) for r in rows], right=range(3, 12))
+    notes = ["vs X = X's median time / this row's median (> 1: this row is faster); vs TF and "
+             "vs torch on lstm_tvm rows; roofline = NumPy float32 GEMM of the same FLOPs.",
+             "min ms far below median ms: the calls were disturbed (other load on the cores).",
+             "GB/s (cell cases) = bytes of all op inputs+outputs / time; peak MiB = RSS "
+             "high-water growth during the calls; compile s * = loaded from the disk cache."]
+    notes += [f"{r['impl']} {r['label']} {'x'.join(map(str, r['shape']))}: {r['status']}: "
+              f"{r.get('error', '')}" for r in rows if r["status"] != "ok"]
+    return "\n".join([head, vers, "", table, ""] + notes + [f"wall time: {meta['wall_s']:.1f} s"])
+
+
+# --- command ------------------------------------------------------------------------------------
+
+def _choices(value: str, allowed, option: str) -> list[str]:
+    from .cli import _split_choices
+
+    return _split_choices(value, allowed, option)
+
+
+@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--shapes", default=",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES),
+              show_default=True, help="Comma list of TxBxIxH.")
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
+              help="lstm_tvm, TF and torch dtype (the roofline is always float32).")
+@click.option("--repeat", default=7, show_default=True, type=click.IntRange(1),
+              help="Timed calls per case; the median is reported.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0),
+              help="Untimed calls before the timed ones.")
+@click.option("--threads", type=click.IntRange(1), default=machine()["cores"],
+              show_default="all cores", help="Threads of every runtime.")
+@click.option("--only", default=",".join(peers.IMPLS), show_default=True,
+              help="Comma list of implementations to run.")
+@click.option("--cases", default=",".join(peers.CASES), show_default=True,
+              help="Comma list of cases.")
+@click.option("--v2", is_flag=True, help="Sequence cases use BlockLSTMV2 / BlockLSTMGradV2.")
+@click.option("--isolate", type=click.Choice(["case", "impl"]), default="case",
+              show_default=True, help="One worker process per (impl, shape, case) or per impl.")
+@click.option("--timeout", default=1800.0, show_default=True, help="Seconds per worker.")
+@click.option("--no-cache", is_flag=True, help="Compile into a fresh cache (real compile times).")
+@click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the results as JSON to this file.")
+def command(shapes, only, cases, json_path, **opts):
+    """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
+
+    One worker process per implementation and case (--isolate case) times the median of
+    --repeat calls and measures the peak extra RSS; the table shows medians, GFLOP/s, GB/s
+    (cell cases), peak MiB and lstm_tvm's speed ratios. Peers that are not installed are
+    reported as such. Exits with status 1 if an lstm_tvm case did not run.
+    """
+    try:
+        opts["shapes"] = parse_shapes(shapes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shapes") from None
+    opts["only"] = _choices(only, peers.IMPLS, "--only")
+    opts["cases"] = _choices(cases, peers.CASES, "--cases")
+    report = run(opts)
+    click.echo(render(report))
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    if any(r["impl"] == "lstm_tvm" and r["status"] != "ok" for r in report["results"]):
+        sys.exit(1)
+
+
+def main(argv=None) -> None:
+    """``python -m lstm_tvm.bench``: run :func:`command`."""
+    command.main(args=argv, prog_name="python -m lstm_tvm.bench")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Smoke tests of ``lstm-tvm bench`` (lstm_tvm.bench) on a tiny shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from lstm_tvm import bench, bench_peers
+from lstm_tvm.cli import main
+
+TINY = ["--shapes", "4x2x8x8", "--repeat", "1", "--warmup", "0"]
+
+
+def _invoke(tmp_path, *args):
+    report = tmp_path / "bench.json"
+    result = CliRunner().invoke(main, ["bench", *TINY, *args, "--json", str(report)])
+    assert result.exit_code == 0, result.output
+    return result.output, json.loads(report.read_text())
+
+
+def test_every_case_and_impl(tmp_path):
+    output, data = _invoke(tmp_path, "--isolate", "impl")
+    rows = {(r["case"], r["impl"]): r for r in data["results"]}
+    assert set(rows) == {(c, i) for c in bench_peers.CASES for i in bench_peers.IMPLS}
+    for (case, impl), r in rows.items():
+        assert r["shape"] == [4, 2, 8, 8]
+        assert bench_peers.CASES[case] in output
+        if (impl, case) in bench_peers.NOT_APPLICABLE:
+            assert r["status"] == "n/a"
+            continue
+        if not bench_peers.is_installed(impl):  # e.g. torch is not in the [test] extra
+            assert r["status"] == "not installed"
+            continue
+        assert r["status"] == "ok", r
+        assert r["median_ms"] > 0 and all(t > 0 for t in r["times_ms"])
+        assert r["peak_mib"] >= 0 and r["base_mib"] > 0
+        if r["flops"] and not (impl == "numpy" and case == "cell_bwd"):
+            assert r["gflops"] > 0
+        if case.startswith("cell") and impl != "numpy":
+            assert r["gbs"] > 0
+    for case in bench_peers.CASES:
+        mine = rows[case, "lstm_tvm"]
+        assert mine["compile_s"] > 0 and mine["vs_roofline"] > 0
+        assert (mine["vs_TF"] or 0) > 0 or rows[case, "tf"]["status"] != "ok"
+    meta = data["meta"]
+    assert meta["threads"] >= 1 and meta["repeat"] == 1 and meta["machine"]["cores"] >= 1
+    assert f"threads {meta['threads']}, repeat 1" in output and meta["machine"]["cpu"] in output
+
+
+def test_missing_peers_are_reported(tmp_path, monkeypatch):
+    real = bench_peers.is_installed
+    monkeypatch.setattr(bench_peers, "is_installed", lambda impl: impl == "numpy" and real(impl))
+    output, data = _invoke(tmp_path, "--only", "tf,torch,numpy", "--cases", "seq_bwd,cell_bwd")
+    rows = {(r["case"], r["impl"]): r for r in data["results"]}
+    assert rows["seq_bwd", "tf"]["status"] == "not installed"
+    assert rows["seq_bwd", "torch"]["status"] == "not installed"
+    assert rows["cell_bwd", "torch"]["status"] == "n/a"  # no gates-only op in PyTorch
+    assert rows["seq_bwd", "numpy"]["status"] == "ok"  # default --isolate case: one worker each
+    assert rows["cell_bwd", "numpy"]["median_ms"] > 0
+    assert output.count("not installed") >= 4  # two table rows and two notes
+    assert rows["seq_bwd", "tf"]["vs_roofline"] is None
+
+
+def test_only_lstm_tvm_failure_sets_status(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench_peers, "is_installed", lambda impl: False)
+    result = CliRunner().invoke(main, ["bench", *TINY, "--only", "lstm_tvm", "--cases",
+                                       "cell_fwd"])
+    assert result.exit_code == 1 and "not installed" in result.output
+
+
+def test_parse_shapes_and_flops():
+    assert bench.parse_shapes("4x2x8x8, 64X32x256x256") == [(4, 2, 8, 8), (64, 32, 256, 256)]
+    for bad in ("4x2x8", "4x2x8x0", "axbxcxd", ""):
+        with pytest.raises(ValueError):
+            bench.parse_shapes(bad)
+    T, B, I, H = 64, 32, 256, 256
+    assert bench.case_flops("seq_bwd", T, B, I, H) == 16 * T * B * H * (I + H)
+    assert bench.case_flops("seq_fwd", T, B, I, H) == 8 * T * B * H * (I + H)
+    assert bench.case_flops("cell_bwd_full", T, B, I, H) == 16 * B * H * (I + H)
+    assert bench.case_flops("cell_bwd", T, B, I, H) is None
+    # LSTMBlockCell: x (B, I), 2 states + 7 outputs (B, H), w (I+H, 4H), 3 peepholes, b (4H).
+    want = B * I + 9 * B * H + (I + H) * 4 * H + 3 * H + 4 * H
+    assert bench.case_bytes("cell_fwd", "float16", T, B, I, H) == 2 * want
+
+
+def test_bad_options():
+    result = CliRunner().invoke(main, ["bench", "--shapes", "4x2", "--only", "numpy"])
+    assert result.exit_code == 2 and "--shapes" in result.output
+    result = CliRunner().invoke(main, ["bench", "--only", "mxnet"])
+    assert result.exit_code == 2 and "--only" in result.output
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__]))
