@@ -151,11 +151,20 @@ def validate_inputs(op: OpSpec, inputs: Mapping[str, object]) -> Signature:
                 f"{op.name}: input '{t.name}' expected shape ({', '.join(t.shape)}) = {want}, "
                 f"got {shapes[t.name]} (sizes {_fmt(sizes)} taken from 'x' and 'cs_prev')")
     seq_len_max = scalars.get("seq_len_max")
-    if seq_len_max is not None and not 0 <= seq_len_max <= sizes["T"]:
-        raise ValueError(f"{op.name}: input 'seq_len_max' expected 0 <= seq_len_max <= "
-                         f"T = {sizes['T']}, got {seq_len_max}")
+    if seq_len_max is not None:
+        check_seq_len_max(op, seq_len_max, sizes["T"])
     _check_element_counts(op, sizes)
     return Signature(dtype=dtype, sizes=sizes, seq_len_max=seq_len_max)
+
+
+def check_seq_len_max(op: OpSpec, value, T: int) -> int:
+    """Rules 3 and 7 alone: ``value`` as a Python int in ``0..T`` (for callers that already
+    validated the tensors of a call with the same shapes)."""
+    n = _int_scalar(op, "seq_len_max", value)
+    if not 0 <= n <= T:
+        raise ValueError(f"{op.name}: input 'seq_len_max' expected 0 <= seq_len_max <= "
+                         f"T = {T}, got {n}")
+    return n
 
 
 def expected_output_shapes(op: OpSpec, sizes: Mapping[str, int]) -> dict[str, tuple[int, ...]]:
