@@ -29,8 +29,20 @@ from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
 
-#: Bumped whenever generated code changes, so stale cache entries are never loaded.
-KERNEL_VERSION = "1"
+def _source_digest() -> str:
+    """A hash of the sources that decide generated code (kernels, schedules, this module), so a
+    cache entry built by other code is never loaded."""
+    h = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted([*root.glob("kernels/*.py"), *root.glob("schedule/*.py"),
+                        root / "build.py", root / "_tvm.py"]):
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+#: Identifies the code generator; part of every cache key.
+KERNEL_VERSION = _source_digest()
 
 #: Pseudo-op name of the cell-gradient matmul helper (not a TF op).
 CELL_GRAD_MATMUL = "CellGradMatmul"

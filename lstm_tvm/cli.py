@@ -1,4 +1,4 @@
-"""The ``lstm-tvm`` command line: ``build`` (compile, verify, time), ``ops``, ``cache``.
+"""The ``lstm-tvm`` command line: ``build`` (compile, verify, time), ``ops``, ``export``, ``cache``.
 
 ``lstm-tvm build`` compiles each requested op for this CPU, runs it on one shape, checks every
 output against the float64 NumPy reference with the tolerances of :mod:`lstm_tvm.testing`,
@@ -259,6 +259,41 @@ def ops_cmd(markdown):
     """Print the op table from the registry: kind, direction, gate layout, inputs, outputs,
     attributes with TF's defaults."""
     click.echo(op_table_markdown() if markdown else _op_table_text())
+
+
+@main.command("export")
+@click.option("--ops", "ops_", default=",".join(OPS), show_default="all six",
+              help=f"Comma list of ops to export, among {', '.join(OPS)}.")
+@click.option("--target", default="llvm", show_default=True,
+              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
+@click.option("--input-size", default=32, show_default=True, type=click.IntRange(1), help="I.")
+@click.option("--cell-size", default=32, show_default=True, type=click.IntRange(1), help="H.")
+@click.option("--use-peephole/--no-use-peephole", default=False, show_default=True,
+              help="use_peephole of every op.")
+@click.option("--forget-bias", type=float, help="forget_bias (default TF's: 1.0; V2 has none).")
+@click.option("--cell-clip", type=float, help="cell_clip (default TF's: 3.0, BlockLSTMV2 0.0).")
+@click.option("--no-onnx", is_flag=True, help="Do not write the onnx/ models.")
+@click.option("-o", "--output", required=True,
+              type=click.Path(file_okay=False, path_type=Path), help="The folder to write.")
+def export_cmd(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **opts):
+    """Compile ops into one shared library for deployment, with manifest.json, ONNX models
+    (onnx/<Op>.onnx) and a README.txt; load it with lstm_tvm.export.load(DIR) or from C++
+    (examples/cpp). T and B stay dynamic; I, H, dtype and attributes are fixed."""
+    from .export import export
+
+    attrs = {"use_peephole": use_peephole}
+    attrs.update({k: v for k, v in (("forget_bias", forget_bias), ("cell_clip", cell_clip))
+                  if v is not None})
+    try:
+        manifest = export(output, _split_choices(ops_, OPS, "--ops"), attrs=attrs,
+                          onnx=not no_onnx, **opts)
+    except (TypeError, ValueError) as err:
+        raise click.ClickException(str(err)) from None
+    click.echo(f"{output / manifest['library']}: {manifest['dtype']}, I={opts['input_size']}, "
+               f"H={opts['cell_size']}, target {manifest['target']['kind']}")
+    for name, entry in manifest["ops"].items():
+        click.echo(f"  {entry['function']}  {entry['attrs']}")
 
 
 @main.group()

@@ -53,7 +53,15 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     shape = spec.concrete_shape(sizes)
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
                         shape, dtype if spec.dtype == "T" else spec.dtype, buffer_name=spec.name))
-            yield buffers, sizes, builder
+            if "seq_len_max" in buffers:
+                # Callers outside lstm_tvm's Python API (an exported library) get an error, not
+                # an out-of-bounds access, for a step count beyond the time extent.
+                n = buffers["seq_len_max"]
+                with T.Assert(tirx.all(n >= 0, n <= sizes["T"]),
+                              f"{op.name}: seq_len_max must be in [0, T]", "ValueError"):
+                    yield buffers, sizes, builder
+            else:
+                yield buffers, sizes, builder
 
 
 def temp(name: str, shape, dtype: str = ACC):

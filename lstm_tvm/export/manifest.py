@@ -1,0 +1,122 @@
+"""The manifest of an export folder (``manifest.json``), derived from the registry.
+
+Layout (format :data:`FORMAT_VERSION`)::
+
+    {"format": "lstm_tvm.export", "format_version": 1,
+     "library": "lstm_tvm_ops.so", "library_sha256": "...",
+     "calling_convention": "...", "alignment": 64,
+     "dtype": "float32", "sizes": {"I": 32, "H": 32}, "dynamic_dims": ["T", "B"],
+     "target": {...target JSON...}, "tvm_version": "...", "lstm_tvm_version": "...",
+     "kernel_version": "1",
+     "ops": {"<Op>": {"function": "lstm_tvm_<Op>_<dtype>", "kind": "sequence",
+                      "direction": "backward", "gate_layout": "IFCO",
+                      "attrs": {"use_peephole": false},
+                      "params": [{"name": "x", "role": "input", "kind": "tensor",
+                                  "dtype": "float32", "shape": ["T", "B", 32],
+                                  "dims": ["T", "B", "I"], "dynamic": [0, 1]}, ...],
+                      "onnx_model": "onnx/<Op>.onnx", "schedule_records": []}}}
+
+``params`` lists the function's parameters in call order: the op's inputs, then its outputs
+(TF's names and order). ``shape`` holds ints for static dims and the names ``"T"``/``"B"`` for
+dynamic ones (one value per name across a call); ``dims`` is the registry's symbolic shape;
+``dynamic`` the indices of the dynamic dims. ``seq_len_max`` (sequence ops) has ``kind``
+``"scalar"``, is passed by value as an int64 and carries ``"range": [0, "T"]``, which callers
+must check (the kernels do not). ``schedule_records`` lists the tuning records the op's
+schedule came from (empty: the rule-based schedules).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+
+from .. import build as _build
+from .._tvm import tvm
+from ..registry import OpSpec, TensorSpec, eval_dim, get_op
+
+__all__ = ["ALIGNMENT", "DYNAMIC_DIMS", "FORMAT", "FORMAT_VERSION", "LIBRARY", "MANIFEST",
+           "dumps_manifest", "make_manifest", "signature"]
+
+FORMAT = "lstm_tvm.export"
+#: Version of the manifest layout; bumped on incompatible changes.
+FORMAT_VERSION = 1
+LIBRARY = "lstm_tvm_ops.so"
+MANIFEST = "manifest.json"
+#: Byte alignment the kernels assume for tensor data (TVM's ``kAllocAlignment``); unchecked:
+#: the LLVM code uses aligned vector stores, so a misaligned buffer crashes.
+ALIGNMENT = 64
+#: Size symbols that stay symbolic in the compiled functions.
+DYNAMIC_DIMS = ("T", "B")
+
+CALLING_CONVENTION = (
+    "destination passing: inputs then outputs in params order; scalar params by value (int64), "
+    f"tensors as compact CPU DLTensors with data aligned to {ALIGNMENT} bytes; no result")
+
+
+def schedule_records(spec: _build.BuildSpec) -> list:
+    """The tuning records ``spec``'s schedule came from (none yet: rule-based schedules)."""
+    return []
+
+
+def _param(t: TensorSpec, role: str, dtype: str, sizes: Mapping[str, int]) -> dict:
+    entry = {"name": t.name, "role": role, "kind": "tensor" if t.shape else "scalar",
+             "dtype": dtype if t.dtype == "T" else t.dtype,
+             "shape": [d if d in DYNAMIC_DIMS else eval_dim(d, sizes) for d in t.shape],
+             "dims": list(t.shape),
+             "dynamic": [k for k, d in enumerate(t.shape) if d in DYNAMIC_DIMS]}
+    if t.name == "seq_len_max":
+        entry["range"] = [0, "T"]
+    return entry
+
+
+def signature(op: OpSpec, dtype: str, input_size: int, cell_size: int) -> list[dict]:
+    """The manifest's ``params`` of ``op``: inputs then outputs, in registry (call) order."""
+    sizes = {"I": input_size, "H": cell_size}
+    return ([_param(t, "input", dtype, sizes) for t in op.inputs]
+            + [_param(t, "output", dtype, sizes) for t in op.outputs])
+
+
+def make_manifest(specs: Sequence[_build.BuildSpec], library_sha256: str,
+                  onnx_models: Mapping[str, str]) -> dict:
+    """The manifest of a library holding ``specs`` (one target, dtype, ``I`` and ``H``).
+
+    Parameters
+    ----------
+    specs : sequence of BuildSpec
+        One per op, in the order to list them.
+    library_sha256 : str
+        The library file's SHA-256 (hex); :func:`~.loader.load` checks it.
+    onnx_models : mapping
+        Op name -> the path of its ONNX model, relative to the folder.
+    """
+    from .. import __version__
+
+    first = specs[0]
+    ops = {}
+    for spec in specs:
+        op = get_op(spec.op)
+        ops[spec.op] = {
+            "function": spec.func_name, "kind": op.kind, "direction": op.direction,
+            "gate_layout": op.gate_layout, "attrs": dict(spec.attrs),
+            "params": signature(op, spec.dtype, spec.input_size, spec.cell_size),
+            "onnx_model": onnx_models.get(spec.op), "schedule_records": schedule_records(spec),
+        }
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "library": LIBRARY, "library_sha256": library_sha256,
+        "calling_convention": CALLING_CONVENTION, "alignment": ALIGNMENT,
+        "dtype": first.dtype, "sizes": {"I": first.input_size, "H": first.cell_size},
+        "dynamic_dims": list(DYNAMIC_DIMS), "target": json.loads(first.target),
+        "tvm_version": tvm.__version__, "lstm_tvm_version": __version__,
+        "kernel_version": _build.KERNEL_VERSION, "ops": ops,
+    }
+
+
+def dumps_manifest(manifest: dict) -> str:
+    """``manifest`` as indented JSON text, one line per parameter and per list of scalars."""
+    def one_line(match):
+        return json.dumps(json.loads(match.group(0)))
+
+    text = re.sub(r'\{\s*"name": [^{}]*\}', one_line, json.dumps(manifest, indent=2))
+    return re.sub(r"\[[^\[\]{}]*\]", one_line, text) + "\n"  # and lists of scalars

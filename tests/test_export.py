@@ -1,0 +1,251 @@
+"""Export: one library + manifest + ONNX models; loaded in a fresh process and from C++."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tvm.testing
+from click.testing import CliRunner
+
+import lstm_tvm.export as lte
+from lstm_tvm import build as _build
+from lstm_tvm import onnx as lo
+from lstm_tvm import reference, testing
+from lstm_tvm.cli import main
+from lstm_tvm.registry import OPS
+from lstm_tvm.validation import validate_attrs
+
+T, B, I, H, SEQ = 6, 3, 5, 4, 4  # I != H and seq_len_max < T: mix-ups and padding show
+ATTRS = {"use_peephole": True, "cell_clip": 2.5}
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cpp" / "run_block_lstm_grad.cc"
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """All six ops, float32, exported once for this module: ``(folder, manifest)``."""
+    out = tmp_path_factory.mktemp("export")
+    return out, lte.export(out, input_size=I, cell_size=H, attrs=ATTRS, progress=False)
+
+
+def _op_attrs(op_name):
+    return {k: v for k, v in ATTRS.items() if k in OPS[op_name].attr_names}
+
+
+def _inputs(op_name, dtype="float32", seed=0):
+    seq = OPS[op_name].kind == "sequence"
+    return testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T if seq else None,
+                               seq_len_max=SEQ if seq else None, attrs=ATTRS, seed=seed)
+
+
+def _assert_matches_reference(op_name, outputs, inputs, dtype="float32"):
+    expected = reference.run(op_name, inputs, _op_attrs(op_name))
+    assert list(outputs) == list(OPS[op_name].output_names)
+    for name, value in outputs.items():
+        testing.assert_close(value, expected[name], dtype, f"{op_name}.{name}")
+
+
+_FRESH_PROCESS = r"""
+import json, sys
+import numpy as np
+import tvm
+import lstm_tvm.build, lstm_tvm.export
+
+def refuse(*args, **kwargs):
+    raise AssertionError("the loader compiled something")
+tvm.compile = lstm_tvm.build.build = lstm_tvm.build.get_module = refuse
+
+folder, inputs_path, results_path = sys.argv[1:]
+data = np.load(inputs_path)
+lib = lstm_tvm.export.load(folder)
+raw = tvm.runtime.load_module(f"{folder}/{lib.manifest['library']}")
+results = {}
+for op_name, entry in lib.manifest["ops"].items():
+    inputs = {k.split("/")[1]: data[k] for k in data.files if k.startswith(op_name + "/")}
+    for name, value in lib[op_name](**inputs)._asdict().items():
+        results[f"load/{op_name}/{name}"] = value.numpy()
+    # the raw function: destination passing, inputs then outputs in the manifest's order
+    args, outputs = [], []
+    for p in entry["params"]:
+        if p["kind"] == "scalar":
+            args.append(int(inputs[p["name"]]))
+        elif p["role"] == "input":
+            args.append(tvm.runtime.tensor(inputs[p["name"]]))
+        else:
+            dims = dict(T=inputs["x"].shape[0], B=inputs["x"].shape[-2])
+            shape = [dims[d] if isinstance(d, str) else d for d in p["shape"]]
+            outputs.append((p["name"], tvm.runtime.empty(shape, p["dtype"])))
+    raw[entry["function"]](*args, *(t for _, t in outputs))
+    results.update({f"raw/{op_name}/{n}": t.numpy() for n, t in outputs})
+np.savez(results_path, **results)
+"""
+
+
+def test_round_trip_in_fresh_process(exported, tmp_path):
+    """A new process runs every op through ``load`` and the raw module, without compiling."""
+    folder, manifest = exported
+    inputs = {op: _inputs(op, seed=k) for k, op in enumerate(OPS)}
+    np.savez(tmp_path / "in.npz", **{f"{op}/{k}": v for op in OPS for k, v in inputs[op].items()})
+    cache = tmp_path / "cache"
+    env = dict(os.environ, LSTM_TVM_CACHE_DIR=str(cache))
+    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS, str(folder),
+                           str(tmp_path / "in.npz"), str(tmp_path / "out.npz")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not cache.exists() or not any(cache.rglob("*.so"))
+    results = np.load(tmp_path / "out.npz")
+    for how in ("load", "raw"):
+        for op in OPS:
+            got = {n: results[f"{how}/{op}/{n}"] for n in OPS[op].output_names}
+            _assert_matches_reference(op, got, inputs[op])
+
+
+def _cxx_program(tmp_path):
+    try:
+        cmd = lte.cxx_build_command(EXAMPLE, tmp_path / "run_block_lstm_grad")
+    except FileNotFoundError as err:
+        pytest.skip(f"no C++ compiler to build examples/cpp: {err}")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stderr}"
+    return tmp_path / "run_block_lstm_grad"
+
+
+def _run_cxx(program, folder, op_name, inputs, work: Path):
+    (work / "in").mkdir(parents=True)
+    (work / "out").mkdir()
+    for name, value in inputs.items():
+        lte.save_tensor(work / "in" / f"{name}.bin", value)
+    return subprocess.run([str(program), str(folder), str(work / "in"), str(work / "out"),
+                           op_name], capture_output=True, text=True, timeout=120)
+
+
+def test_cpp_example(exported, tmp_path):
+    """examples/cpp built with the system compiler runs the exported library from files."""
+    folder, _ = exported
+    program = _cxx_program(tmp_path)
+    for op_name in ("BlockLSTMGradV2", "LSTMBlockCell"):
+        inputs = _inputs(op_name, seed=7)
+        proc = _run_cxx(program, folder, op_name, inputs, tmp_path / op_name)
+        assert proc.returncode == 0, proc.stderr
+        got = {n: lte.load_tensor(tmp_path / op_name / "out" / f"{n}.bin")
+               for n in OPS[op_name].output_names}
+        _assert_matches_reference(op_name, got, inputs)
+    bad = dict(_inputs("BlockLSTMGradV2"), seq_len_max=np.int64(T + 1))
+    proc = _run_cxx(program, folder, "BlockLSTMGradV2", bad, tmp_path / "bad")
+    assert proc.returncode == 1 and "seq_len_max" in proc.stderr
+
+
+def test_manifest_matches_registry(exported):
+    folder, manifest = exported
+    assert json.loads((folder / lte.MANIFEST).read_text()) == manifest
+    assert manifest["format_version"] == lte.FORMAT_VERSION and manifest["dtype"] == "float32"
+    assert manifest["sizes"] == {"I": I, "H": H} and manifest["target"]["kind"] == "llvm"
+    assert list(manifest["ops"]) == list(OPS)
+    sizes = {"I": I, "H": H, "T": "T", "B": "B", "4H": 4 * H, "I+H": I + H}
+    for name, op in OPS.items():
+        entry = manifest["ops"][name]
+        attrs = validate_attrs(op, _op_attrs(name))
+        spec = _build.make_spec(name, "float32", I, H, attrs, "llvm")
+        assert entry["function"] == spec.func_name and entry["attrs"] == attrs
+        assert entry["schedule_records"] == []
+        params = entry["params"]
+        tensors = [(t, "input") for t in op.inputs] + [(t, "output") for t in op.outputs]
+        assert [p["name"] for p in params] == [t.name for t, _ in tensors]
+        for p, (t, role) in zip(params, tensors):
+            assert p["role"] == role
+            assert p["dtype"] == ("float32" if t.dtype == "T" else t.dtype)
+            assert p["dims"] == list(t.shape)
+            assert p["shape"] == [sizes[d] for d in t.shape]
+            assert p["dynamic"] == [k for k, d in enumerate(t.shape) if d in ("T", "B")]
+            assert p["kind"] == ("tensor" if t.shape else "scalar")
+
+
+@pytest.fixture
+def schemas():
+    yield lo.register_schemas()
+    lo.deregister_schemas()
+
+
+def test_onnx_models_check(exported, schemas):
+    folder, manifest = exported
+    for name, entry in manifest["ops"].items():
+        model = onnx.load(folder / entry["onnx_model"])
+        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(model, check_custom_domain=True)
+        (node,) = model.graph.node
+        assert (node.op_type, node.domain) == (name, lo.DOMAIN)
+        assert [f.name for f in model.functions] == [name]
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs == pytest.approx({k: int(v) if isinstance(v, bool) else v
+                                       for k, v in entry["attrs"].items()})
+
+
+def test_loader_checks_inputs(exported, tmp_path):
+    folder, _ = exported
+    lib = lte.load(folder)
+    op = lib["BlockLSTMGradV2"]
+    good = _inputs("BlockLSTMGradV2")
+    with pytest.raises(TypeError, match="BlockLSTMGradV2: input 'x' expected dtype float32"):
+        op(**dict(good, x=good["x"].astype(np.float64)))
+    with pytest.raises(ValueError, match="input 'x' expected shape"):
+        op(**dict(good, x=good["x"][..., :-1]))
+    with pytest.raises(ValueError, match="input 'cs_prev' expected shape"):
+        op(**dict(good, cs_prev=good["cs_prev"][:-1]))
+    with pytest.raises(ValueError, match="seq_len_max <= 6, got 7"):
+        op(**dict(good, seq_len_max=7))
+    with pytest.raises(TypeError, match="missing inputs \\['b'\\]"):
+        op(**{k: v for k, v in good.items() if k != "b"})
+    with pytest.raises(KeyError, match="not exported"):
+        lib["Nope"]
+    reuse = op(**good)
+    assert op(**good, out=reuse) is not None
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    with open(copy / lte.LIBRARY, "ab") as fh:
+        fh.write(b"\0")
+    with pytest.raises(ValueError, match="checksum"):
+        lte.load(copy)
+
+
+def test_cli_export_float16(tmp_path):
+    """``lstm-tvm export`` writes a loadable float16 library (one op, no ONNX)."""
+    result = CliRunner().invoke(main, ["export", "--ops", "LSTMBlockCell", "--dtype", "float16",
+                                       "--input-size", str(I), "--cell-size", str(H),
+                                       "--use-peephole", "--cell-clip", "2.5", "--no-onnx",
+                                       "-o", str(tmp_path / "f16")])
+    assert result.exit_code == 0, result.output
+    assert "lstm_tvm_LSTMBlockCell_float16" in result.output
+    lib = lte.load(tmp_path / "f16")
+    assert list(lib) == ["LSTMBlockCell"] and lib.manifest["dtype"] == "float16"
+    assert not (tmp_path / "f16" / "onnx").exists()
+    inputs = _inputs("LSTMBlockCell", dtype="float16")
+    got = {k: v.numpy() for k, v in lib["LSTMBlockCell"](**inputs)._asdict().items()}
+    _assert_matches_reference("LSTMBlockCell", got, inputs, dtype="float16")
+
+
+def test_export_rejects_bad_arguments(tmp_path):
+    with pytest.raises(ValueError, match="unknown ops"):
+        lte.export(tmp_path, ["LSTMBlock"])
+    with pytest.raises(TypeError, match="unknown attributes"):
+        lte.export(tmp_path, attrs={"peephole": True})
+    with pytest.raises(TypeError, match="dtype"):
+        lte.export(tmp_path, dtype="float64")
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("array", [np.int64(3), np.zeros((0, 3), np.float32),
+                                   np.arange(24, dtype=np.float16).reshape(2, 3, 4)])
+def test_tensor_file_round_trip(tmp_path, array):
+    lte.save_tensor(tmp_path / "t.bin", array)
+    back = lte.load_tensor(tmp_path / "t.bin")
+    assert back.dtype == np.asarray(array).dtype and back.shape == np.shape(array)
+    np.testing.assert_array_equal(back, array)
+
+
+if __name__ == "__main__":
+    tvm.testing.main()
