@@ -55,7 +55,9 @@ def cell_forward(cfg: CellConfig, gi, gc, gf, go, cs_prev, wci, wcf, wco):
     f = tirx.sigmoid(gf + _c(cfg.forget_bias)) if cfg.forget_bias != 0 else tirx.sigmoid(gf)
     cs = i * ci + f * cs_prev
     if cfg.cell_clip > 0:
-        cs = tirx.max(tirx.min(cs, _c(cfg.cell_clip)), _c(-cfg.cell_clip))
+        # Compare-and-select keeps a NaN cell state NaN, as TF's clip does (max/min would not).
+        lo, hi = _c(-cfg.cell_clip), _c(cfg.cell_clip)
+        cs = tirx.Select(cs > hi, hi, tirx.Select(cs < lo, lo, cs))
     co = tirx.tanh(cs)
     if cfg.use_peephole:
         go = go + cs * wco
