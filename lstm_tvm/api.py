@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 import functools
 
+import numpy as np
+
 from . import build as _build
 from ._tvm import configure_threads, device_for, resolve_target, tvm
 from .registry import DTYPES, OPS, get_op
@@ -72,7 +74,11 @@ class CompiledOp:
         args = [inputs[n] for n in self._tensors]
         if self.op.kind == "sequence":
             args.insert(0, check_seq_len_max(self.op, inputs["seq_len_max"], sizes["T"]))
-        self.func(*args, *outputs)
+        if sizes["B"] == 0 or sizes.get("T", 1) == 0:  # nothing to compute: every output is zero
+            for tensor in outputs:
+                tensor.copyfrom(np.zeros(tuple(tensor.shape), self.spec.dtype))
+        else:
+            self.func(*args, *outputs)
         return output_tuple(self.op.name)(*outputs)
 
     def _check(self, inputs: dict) -> tuple[dict, dict]:
@@ -84,12 +90,20 @@ class CompiledOp:
         if key is not None and len(inputs) == len(self.op.input_names) and key in self._checked:
             return self._checked[key]
         sig = validate_inputs(self.op, inputs)
+        for name in self._tensors:
+            if not isinstance(inputs[name], tvm.runtime.Tensor):
+                raise TypeError(
+                    f"{self.op.name}: input {name!r} expected a tvm.runtime.Tensor on "
+                    f"{self.device}, got {type(inputs[name]).__name__} (lstm_tvm.raw_ops takes "
+                    f"NumPy arrays)")
         if sig.dtype != self.spec.dtype:
-            raise TypeError(f"{self.op.name}: compiled for {self.spec.dtype}, got {sig.dtype} inputs")
-        for name in ("I", "H"):
+            raise TypeError(f"{self.op.name}: input 'x' has dtype {sig.dtype}; this op was "
+                            f"compiled for {self.spec.dtype}")
+        for name, source in (("I", "x"), ("H", "cs_prev")):
             want = self.spec.input_size if name == "I" else self.spec.cell_size
             if sig.sizes[name] != want:
-                raise ValueError(f"{self.op.name}: compiled for {name}={want}, got {name}={sig.sizes[name]}")
+                raise ValueError(f"{self.op.name}: input {source!r} gives {name}={sig.sizes[name]}; "
+                                 f"this op was compiled for {name}={want}")
         result = (sig.sizes, expected_output_shapes(self.op, sig.sizes))
         if key is not None and len(self._checked) < 64:
             self._checked[key] = result
@@ -102,6 +116,9 @@ class CompiledOp:
         if len(out) != len(shapes):
             raise TypeError(f"{self.op.name}: out= needs {len(shapes)} tensors, got {len(out)}")
         for (name, shape), tensor in zip(shapes.items(), out):
+            if not isinstance(tensor, tvm.runtime.Tensor):
+                raise TypeError(f"{self.op.name}: out= entry {name!r} expected a "
+                                f"tvm.runtime.Tensor, got {type(tensor).__name__}")
             if tuple(tensor.shape) != shape or str(tensor.dtype) != self.spec.dtype:
                 raise ValueError(
                     f"{self.op.name}: output {name!r} expected {self.spec.dtype}{list(shape)}, "
@@ -134,7 +151,13 @@ def compile(op_name: str, *, target="llvm", dtype: str = "float32", input_size: 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{op_name}: {name} expected an int >= 1, got {value!r}")
     full = validate_attrs(op, attrs)
-    spec = _build.make_spec(op.name, dtype, input_size, cell_size, full, target)
+    try:
+        resolved = resolve_target(target)
+    except Exception as err:
+        raise (TypeError if isinstance(err, TypeError) else ValueError)(
+            f"{op_name}: target {target!r} is not a target kind, JSON dict or tvm.target.Target "
+            f"({type(err).__name__}: {str(err).splitlines()[0]})") from err
+    spec = _build.make_spec(op.name, dtype, input_size, cell_size, full, resolved)
     return CompiledOp(spec, device)
 
 

@@ -10,6 +10,8 @@ Padded steps (``t >= seq_len_max``) are zero in every output.
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -18,27 +20,48 @@ from ._tvm import tvm
 from .api import compile as _compile
 from .api import output_tuple
 from .registry import OPS, OpSpec
-from .validation import expected_output_shapes, validate_attrs, validate_inputs
+from .validation import MAX_ELEMENTS, expected_output_shapes, validate_attrs, validate_inputs
 
 __all__ = list(OPS) + ["run", "cell_grad_matmul"]
 
 
-def _to_numpy(value):
+def _to_numpy(value, where: str = "input"):
+    """``value`` as a NumPy array; a conversion that fails is a ``TypeError`` naming ``where``
+    (``"<Op>: input 'x'"``), not NumPy's or DLPack's own error (a ragged list, a tensor of a
+    dtype NumPy lacks such as bfloat16, a failing ``__dlpack__``)."""
     if isinstance(value, np.ndarray):
         return value
-    if hasattr(value, "__dlpack__") and not isinstance(value, (int, float, bool)):
-        return np.from_dlpack(value)
-    if hasattr(value, "numpy") and callable(value.numpy):  # e.g. a TVM tensor or eager TF tensor
-        return np.asarray(value.numpy())
-    return np.asarray(value)
+    try:
+        if hasattr(value, "__dlpack__") and not isinstance(value, (int, float, bool)):
+            return np.from_dlpack(value)
+        if hasattr(value, "numpy") and callable(value.numpy):  # e.g. TVM or eager TF tensors
+            return np.asarray(value.numpy())
+        return np.asarray(value)
+    except MemoryError:
+        raise
+    except Exception as err:
+        raise TypeError(f"{where} could not be converted to a NumPy array "
+                        f"({type(err).__name__}: {err}); expected a float16 or float32 array"
+                        ) from err
 
 
-def run(op_name: str, inputs: dict, attrs: dict | None = None, *, target="llvm"):
+def _native(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy (or ``array`` itself) in native byte order: TVM tensors have no
+    byte order, so a big-endian ``>f4`` array, valid float32 to the checks, is swapped here."""
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
+
+
+def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="llvm"):
     """Run ``op_name`` on NumPy-convertible ``inputs`` with ``attrs``; see the module doc."""
+    if op_name not in OPS:
+        raise ValueError(f"unknown op {op_name!r}; expected one of {list(OPS)}")
     op = OPS[op_name]
+    if not isinstance(inputs, Mapping):
+        raise TypeError(f"{op.name}: expected inputs as a mapping, got {type(inputs).__name__}")
     arrays = {}
     for name, value in inputs.items():
-        arrays[name] = value if (name == "seq_len_max" and _is_int_scalar(value)) else _to_numpy(value)
+        arrays[name] = value if (name == "seq_len_max" and _is_int_scalar(value)) else \
+            _to_numpy(value, f"{op.name}: input {name!r}")
     sig = validate_inputs(op, arrays)
     full = validate_attrs(op, attrs or {})
     shapes = expected_output_shapes(op, sig.sizes)
@@ -48,7 +71,7 @@ def run(op_name: str, inputs: dict, attrs: dict | None = None, *, target="llvm")
     compiled = _compile(op.name, target=target, dtype=sig.dtype, input_size=sig.sizes["I"],
                         cell_size=sig.sizes["H"], **full)
     dev = compiled.device
-    tensors = {n: tvm.runtime.tensor(np.ascontiguousarray(arrays[n]), dev)
+    tensors = {n: tvm.runtime.tensor(_native(arrays[n]), dev)
                for n in op.input_names if n != "seq_len_max"}
     if op.kind == "sequence":
         tensors["seq_len_max"] = sig.seq_len_max
@@ -101,7 +124,8 @@ def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm"):
     """
     from .kernels.cell_grad_matmul import INPUTS
 
-    arrays = dict(zip(INPUTS, (_to_numpy(v) for v in (x, h_prev, w, dicfo))))
+    arrays = {n: _to_numpy(v, f"cell_grad_matmul: input {n!r}")
+              for n, v in zip(INPUTS, (x, h_prev, w, dicfo))}
     dtype, (B, I, H) = _check_cell_grad_matmul(arrays)
     shapes = [(B, I), (B, H), (I + H, 4 * H), (4 * H,)]
     result = output_tuple(_build.CELL_GRAD_MATMUL)
@@ -110,7 +134,7 @@ def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm"):
     spec = _build.make_spec(_build.CELL_GRAD_MATMUL, dtype, I, H, {}, target)
     mod = _build.get_module(spec)
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(np.ascontiguousarray(arrays[n]), dev) for n in INPUTS]
+    args = [tvm.runtime.tensor(_native(arrays[n]), dev) for n in INPUTS]
     outs = [tvm.runtime.empty(s, dtype, dev) for s in shapes]
     mod[spec.func_name](*args, *outs)
     return result(*(t.numpy() for t in outs))
@@ -118,7 +142,7 @@ def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm"):
 
 def _check_cell_grad_matmul(arrays):
     where = "cell_grad_matmul"
-    dtypes = {n: str(a.dtype) for n, a in arrays.items()}
+    dtypes = {n: a.dtype.name for n, a in arrays.items()}
     if dtypes["x"] not in ("float32", "float16"):
         raise TypeError(f"{where}: input 'x' has dtype {dtypes['x']}; expected float16 or float32")
     for n, d in dtypes.items():
@@ -134,4 +158,9 @@ def _check_cell_grad_matmul(arrays):
             raise ValueError(f"{where}: input {n!r} expected shape {shape}, got {arrays[n].shape}")
     if I < 1 or H < 1:
         raise ValueError(f"{where}: input and cell sizes must be >= 1, got I={I}, H={H}")
+    for n, shape in {**want, "x_grad": (B, I), "h_prev_grad": (B, H), "w_grad": (I + H, 4 * H),
+                     "b_grad": (4 * H,)}.items():  # before any copy: 32-bit-safe indexing
+        if math.prod(shape) >= MAX_ELEMENTS:
+            raise ValueError(f"{where}: {'input' if n in want else 'output'} {n!r} would have "
+                             f"shape {shape}; expected fewer than 2**31 elements per tensor")
     return dtypes["x"], (B, I, H)

@@ -9,7 +9,9 @@ Attributes (:func:`validate_attrs`)
     1. Unknown attribute names: ``TypeError`` listing the valid ones.
     2. A required attribute (``use_peephole`` on the grad ops) missing: ``TypeError``.
     3. Float attributes take an ``int`` or ``float`` (not ``bool`` or ``str``): ``TypeError``;
-       it must be finite (a NaN ``cell_clip`` is a ``ValueError``).
+       it must be finite and within float32's range, as TF's float attributes are 32-bit (a
+       NaN ``cell_clip`` or a ``forget_bias`` of ``1e39`` is a ``ValueError``); a value that
+       rounds to 0 in float32 counts as 0.
     4. Bool attributes take ``bool`` or ``numpy.bool_`` only: ``TypeError``.
 
 Inputs (:func:`validate_inputs`)
@@ -104,10 +106,25 @@ def validate_attrs(op: OpSpec, attrs: Mapping[str, object]) -> dict[str, float |
         else:
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{where} expected a float, got {_describe(value)}")
-            if not math.isfinite(float(value)):
-                raise ValueError(f"{where} expected a finite float, got {float(value)}")
-            out[spec.name] = float(value)
+            out[spec.name] = _float32_attr(where, value)
     return out
+
+
+def _float32_attr(where: str, value) -> float:
+    """Rule 3's value check: a finite float in float32's range (TF's float attributes are
+    32-bit, and the kernels bake them in as float32 constants). A value that rounds to 0 in
+    float32 is 0, as in TF (a ``cell_clip`` of ``1e-50`` turns clipping off, it does not clip
+    to ``[-0, 0]``)."""
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64's range
+        raise ValueError(f"{where} expected a finite float, got {_describe(value)}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{where} expected a finite float, got {number}")
+    if abs(number) > float(np.finfo(np.float32).max):
+        raise ValueError(f"{where} expected a finite float32 (|value| <= "
+                         f"{float(np.finfo(np.float32).max):.8g}), got {number}")
+    return 0.0 if np.float32(number) == 0 else number
 
 
 def validate_inputs(op: OpSpec, inputs: Mapping[str, object]) -> Signature:

@@ -64,7 +64,7 @@ def test_compile_rejects_bad_arguments():
         lstm_tvm.compile("BlockLSTMGrad", input_size=1, cell_size=1)
     fn = lstm_tvm.compile("LSTMBlockCell", input_size=3, cell_size=2)
     other = testing.make_inputs("LSTMBlockCell", B=2, I=4, H=2)
-    with pytest.raises(ValueError, match="compiled for I=3, got I=4"):
+    with pytest.raises(ValueError, match="input .x. gives I=4; this op was compiled for I=3"):
         fn(**{k: tvm.runtime.tensor(v) for k, v in other.items()})
 
 
