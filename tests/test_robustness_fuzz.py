@@ -16,9 +16,9 @@ session's ``LSTM_TVM_CACHE_DIR``), so a segfault or abort shows up as this test 
 child's exit code and the case it was running, not as a dead test run. ``I, H`` take two values
 so that kernels compile once and stay cached. ``LSTM_TVM_FUZZ_EXAMPLES`` sets the example count.
 
-Not fuzzed here, because they are known gaps of ``CompiledOp`` pinned by ``xfail`` tests in
-``test_robustness.py``: objects with ``.shape``/``.dtype`` that are not TVM tensors, non-tensor
-``out=`` entries, bad ``target=`` values.
+Not fuzzed here yet (tested directly in ``test_robustness.py``): objects with
+``.shape``/``.dtype`` that are not TVM tensors passed to ``CompiledOp``, non-tensor ``out=``
+entries, bad ``target=`` values.
 """
 
 from __future__ import annotations
