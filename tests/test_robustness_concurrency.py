@@ -223,7 +223,8 @@ def test_truncated_sidecar_and_garbage_library_are_rebuilt(tmp_path, monkeypatch
     text = sidecar.read_text()
     sidecar.write_text(text[: len(text) // 2])
     garbage = b"\x7fELF" + np.random.default_rng(0).bytes(4096)
-    paths[ops[1]].write_bytes(garbage)
+    paths[ops[1]].unlink()  # a new file: this process still maps the old one (in-place
+    paths[ops[1]].write_bytes(garbage)  # writes to a mapped library end in SIGBUS)
     meta = json.loads(paths[ops[1]].with_suffix(".json").read_text())
     meta["sha256"] = hashlib.sha256(garbage).hexdigest()
     paths[ops[1]].with_suffix(".json").write_text(json.dumps(meta))
