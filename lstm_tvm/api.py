@@ -8,6 +8,7 @@ import functools
 import numpy as np
 
 from . import build as _build
+from ._args import bind_inputs
 from ._tvm import configure_threads, device_for, resolve_target, tvm
 from .registry import DTYPES, OPS, get_op
 from .validation import (check_seq_len_max, expected_output_shapes, validate_attrs,
@@ -55,20 +56,9 @@ class CompiledOp:
         return (f"CompiledOp({s.op}, dtype={s.dtype}, input_size={s.input_size}, "
                 f"cell_size={s.cell_size}, attrs={self.attrs}, target={self.target.kind.name})")
 
-    def _bind(self, args, kwargs) -> dict:
-        names = self.op.input_names
-        if len(args) > len(names):
-            raise TypeError(f"{self.op.name}: expected at most {len(names)} inputs, got {len(args)}")
-        inputs = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key in inputs:
-                raise TypeError(f"{self.op.name}: input {key!r} given twice")
-            inputs[key] = value
-        return inputs
-
     def __call__(self, *args, out=None, **kwargs):
         """Run the op; returns a named tuple of TVM tensors (``out`` when given)."""
-        inputs = self._bind(args, kwargs)
+        inputs = bind_inputs(self.op.name, self.op.input_names, args, kwargs)
         sizes, shapes = self._check(inputs)
         outputs = self._outputs(shapes, out)
         args = [inputs[n] for n in self._tensors]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._args import bind_inputs
 from .._tvm import configure_threads, tvm
 from .manifest import FORMAT, FORMAT_VERSION, MANIFEST
 
@@ -65,13 +66,7 @@ class ExportedOp:
 
     def _bind(self, args, kwargs) -> dict:
         names = [p["name"] for p in self.inputs]
-        if len(args) > len(names):
-            raise TypeError(f"{self.name}: expected at most {len(names)} inputs, got {len(args)}")
-        values = dict(zip(names, args))
-        for key, value in kwargs.items():
-            if key in values:
-                raise TypeError(f"{self.name}: input {key!r} given twice")
-            values[key] = value
+        values = bind_inputs(self.name, names, args, kwargs)
         missing = [n for n in names if n not in values]
         unknown = [n for n in values if n not in names]
         if missing or unknown:
