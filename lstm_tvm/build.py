@@ -1,7 +1,8 @@
 """From a :class:`BuildSpec` to a loaded TVM module: build, schedule, cache.
 
 A spec names everything a compiled kernel depends on: the op, dtype, input and cell sizes,
-the compile-time attributes and the target (``T`` and ``B`` stay symbolic). ``get_module``
+the compile-time attributes, the target (``T`` and ``B`` stay symbolic) and the tuning
+records applied to its GEMM blocks (found in ``schedules/<target key>/``). ``get_module``
 returns the module from memory, else from the disk cache, else builds it under a file lock
 and publishes it with an atomic rename, so concurrent processes never see half a file and the
 next process does not recompile.
@@ -22,7 +23,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import env
-from ._tvm import resolve_target, target_key, tvm
+from ._tvm import build_scope, resolve_target, target_key, tvm
 from .kernels import BUILDERS, cell_grad_matmul
 from .registry import get_op
 from .schedule import schedule_for
@@ -52,7 +53,9 @@ CELL_GRAD_MATMUL = "CellGradMatmul"
 class BuildSpec:
     """The cache key of one compiled kernel.
 
-    ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON.
+    ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON;
+    ``tuned`` a sorted tuple of ``(block name, task, trace JSON)`` of the tuning records
+    replayed on GEMM blocks (empty: default schedules).
     """
 
     op: str
@@ -61,6 +64,7 @@ class BuildSpec:
     cell_size: int
     attrs: tuple
     target: str
+    tuned: tuple = ()
 
     @property
     def func_name(self) -> str:
@@ -75,22 +79,42 @@ class BuildSpec:
 
 
 def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
-              target=None) -> BuildSpec:
-    """A :class:`BuildSpec` with attrs normalised and the target resolved to its JSON."""
+              target=None, tuned: bool = True) -> BuildSpec:
+    """A :class:`BuildSpec` with attrs normalised, the target resolved to its JSON and, with
+    ``tuned``, the best matching tuning record of each GEMM block attached."""
     norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
-    return BuildSpec(op, dtype, int(input_size), int(cell_size), norm,
-                     target_key(resolve_target(target)))
+    resolved = resolve_target(target)
+    records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
+    return BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved), records)
 
 
-def primfunc(spec: BuildSpec):
-    """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name`."""
+def _tuned_records(op, dtype, input_size, cell_size, attrs, target) -> tuple:
+    from .tuning import database
+
+    found = database.tuned_blocks(target, _gemm_blocks(op, dtype, input_size, cell_size, attrs))
+    return tuple(sorted((name, best.task.key, database.trace_to_json(best.trace))
+                        for name, best in found.items()))
+
+
+@functools.lru_cache(maxsize=256)
+def _gemm_blocks(op, dtype, input_size, cell_size, attrs) -> tuple:
+    from .tuning.tasks import kernel_gemms
+
+    return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs)))
+
+
+def primfunc(spec: BuildSpec, failures: list | None = None):
+    """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
+    schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
     attrs = dict(spec.attrs)
     if spec.op == CELL_GRAD_MATMUL:
         func = cell_grad_matmul(spec.dtype, spec.input_size, spec.cell_size)
     else:
         func = BUILDERS[spec.op](get_op(spec.op), spec.dtype, spec.input_size, spec.cell_size, attrs)
     target = resolve_target(json.loads(spec.target))
-    func = schedule_for(spec.op, func, target)
+    tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
+    func = schedule_for(spec.op, func, target, failures, tuned=tuned) if tuned else schedule_for(
+        spec.op, func, target, failures)
     return func.with_attr("global_symbol", spec.func_name)
 
 
@@ -98,7 +122,8 @@ def build(spec: BuildSpec):
     """Compile ``spec`` with ``tvm.compile``; returns the ``tvm.runtime.Executable``."""
     target = resolve_target(json.loads(spec.target))
     mod = tvm.IRModule({spec.func_name: primfunc(spec)})
-    return tvm.compile(mod, target=target)
+    with build_scope(target):  # CUDA: nvcc/NVRTC take the arch from the current target
+        return tvm.compile(mod, target=target)
 
 
 _memory: dict[BuildSpec, object] = {}

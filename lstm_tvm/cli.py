@@ -333,3 +333,9 @@ def cache_clear():
 from .bench import command as _bench_command  # noqa: E402  (bench imports cli's helpers lazily)
 
 main.add_command(_bench_command, "bench")
+
+# --- tune (lstm_tvm.tuning) ---------------------------------------------------------------------
+
+from .tuning.command import command as _tune_command  # noqa: E402
+
+main.add_command(_tune_command, "tune")

@@ -8,23 +8,75 @@ style), with symbolic ``T`` and ``B``. Blocks are named so that schedules can fi
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import dataclasses
 from typing import Callable, Sequence
 
 from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["T", "kernel", "spatial", "reduction", "gemm", "flat", "padded", "zero", "temp", "ROW_TILE"]
+__all__ = ["T", "kernel", "spatial", "reduction", "gemm", "flat", "padded", "zero", "temp", "ROW_TILE", "K_SLAB",
+           "fixed_sizes", "GemmBlock", "capture_gemms"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
 #: checks; their left operand and output are scratch buffers with room for the extra rows.
 ROW_TILE = 8
+#: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
+#: zero past the last row up to this multiple, so a schedule may block the reduction by any
+#: divisor of it without bounds checks.
+K_SLAB = 256
+
+_FIXED_SIZES: contextvars.ContextVar[dict] = contextvars.ContextVar("fixed_sizes", default={})
+
+
+@contextlib.contextmanager
+def fixed_sizes(**sizes: int):
+    """Build kernels with constant ``T`` and ``B`` (e.g. ``fixed_sizes(T=64, B=32)``) instead of
+    symbolic ones: tuning tasks are cut from such static-shape kernels."""
+    token = _FIXED_SIZES.set({k: tirx.IntImm("int64", int(v)) for k, v in sizes.items()})
+    try:
+        yield
+    finally:
+        _FIXED_SIZES.reset(token)
 
 
 def zero(dtype: str = ACC):
     """The constant 0 of ``dtype``."""
     return tirx.const(0, dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmBlock:
+    """What one GEMM block computes, as seen by tuning: its name, ``M x N x K`` extents (with
+    ``seq_len_max`` bound to ``T`` under :func:`fixed_sizes`), and each operand's layout
+    (``"mk"``/``"km"`` for ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the
+    contiguous axis) and storage dtype."""
+
+    name: str
+    M: object
+    N: object
+    K: object
+    a_layout: str
+    a_dtype: str
+    b_layout: str
+    b_dtype: str
+
+
+@contextlib.contextmanager
+def capture_gemms():
+    """Collect a :class:`GemmBlock` for every :func:`gemm` emitted inside the ``with``."""
+    found: list[GemmBlock] = []
+    token = _GEMMS.set(found)
+    try:
+        yield found
+    finally:
+        _GEMMS.reset(token)
+
+
+_GEMMS: contextvars.ContextVar[list | None] = contextvars.ContextVar("gemms", default=None)
+_STEPS: contextvars.ContextVar[object] = contextvars.ContextVar("steps", default=None)
 
 
 @contextlib.contextmanager
@@ -39,7 +91,7 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
     ``with`` block for the PrimFunc.
     """
     sizes = {"T": tirx.Var("T", "int64"), "B": tirx.Var("B", "int64"),
-             "I": input_size, "H": cell_size}
+             **_FIXED_SIZES.get(), "I": input_size, "H": cell_size}
     specs = list(params) if params else list(op.inputs) + list(op.outputs)
     with IRBuilder() as builder:
         with T.prim_func(s_tir=True):
@@ -53,6 +105,8 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     shape = spec.concrete_shape(sizes)
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
                         shape, dtype if spec.dtype == "T" else spec.dtype, buffer_name=spec.name))
+            if "seq_len_max" in buffers and _FIXED_SIZES.get():
+                _STEPS.set((buffers["seq_len_max"], sizes["T"]))
             if "seq_len_max" in buffers:
                 # Callers outside lstm_tvm's Python API (an exported library) get an error, not
                 # an out-of-bounds access, for a step count beyond the time extent.
@@ -76,9 +130,9 @@ def flat(buffer, rows):
     return T.decl_buffer((rows, buffer.shape[-1]), buffer.dtype, data=buffer.data)
 
 
-def padded(rows):
-    """``rows`` rounded up to a multiple of :data:`ROW_TILE` (symbolic sizes welcome)."""
-    return (rows + ROW_TILE - 1) // ROW_TILE * ROW_TILE
+def padded(rows, multiple: int = ROW_TILE):
+    """``rows`` rounded up to a multiple of ``multiple`` (symbolic sizes welcome)."""
+    return (rows + multiple - 1) // multiple * multiple
 
 
 def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
@@ -89,8 +143,47 @@ def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
     ``M <= m < padded(M)`` are computed too: ``a`` must be readable there (a scratch operand
     with spare rows) and ``out`` must have them; callers ignore their results.
     """
-    reduction(name, out, (padded(M) if pad else M, N), (K,), lambda m, n: (m, n),
+    rows = padded(M) if pad else M
+    reduction(name, out, (rows, N), (K,), lambda m, n: (m, n),
               lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
+    found = _GEMMS.get()
+    if found is not None:
+        m, n, k = (tirx.Var(f"gemm_{c}", "int64") for c in "mnk")
+        a_major, a_dtype = _operand(a(m, k), m, k)
+        b_major, b_dtype = _operand(b(k, n), k, n)
+        found.append(GemmBlock(name, *(_bind_steps(e) for e in (rows, N, K)),
+                               "mk" if a_major else "km", a_dtype,
+                               "kn" if b_major else "nk", b_dtype))
+
+
+def _bind_steps(extent):
+    """``extent`` with ``seq_len_max`` replaced by ``T`` (under :func:`fixed_sizes`)."""
+    steps = _STEPS.get()
+    if steps is None or isinstance(extent, int):
+        return extent
+    from tvm.sym import Analyzer
+    analyzer = Analyzer()
+    analyzer.bind(*steps)
+    return analyzer.simplify(extent)
+
+
+def _operand(expr, row, col) -> tuple[bool, str]:
+    """Whether the first tensor load in ``expr`` indexing ``row``/``col`` is contiguous along
+    ``col`` (row-major), and the loaded tensor's dtype."""
+    names = (row.name, col.name)
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        if hasattr(node, "indices"):
+            text = [str(i) for i in node.indices]
+            if any(n in t for t in text for n in names):
+                return names[1] in text[-1], str(node.source.dtype)
+            continue
+        for field in ("value", "a", "b", "true_value", "false_value"):
+            if hasattr(node, field):
+                stack.append(getattr(node, field))
+        stack.extend(reversed(list(getattr(node, "args", ()))))
+    raise ValueError(f"no tensor operand in {expr}")
 
 
 def spatial(name: str, extents: Sequence, body: Callable) -> None:

@@ -6,14 +6,16 @@ the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (bl
 ``w`` is transposed once (block ``w_t``) so both products with it run along contiguous rows.
 After the loop, ``x_grad`` and ``w_grad`` are each one GEMM over all steps (``x_grad_gemm``,
 ``w_grad_x``, ``w_grad_h``), and ``b_grad`` and the peephole gradients are reductions of
-``dicfo``. Everything accumulates in float32.
+``dicfo``. ``dicfo`` is zero past its last row up to a multiple of ``K_SLAB`` rows, so the
+weight-gradient GEMMs reduce over that many rows with no bounds checks. Everything
+accumulates in float32.
 """
 
 from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import ROW_TILE, T, flat, gemm, kernel, padded, reduction, spatial, temp, zero
+from ._builder import K_SLAB, T, flat, gemm, kernel, padded, reduction, spatial, temp, zero
 from ._gates import cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -27,9 +29,9 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
     with kernel(op, dtype, I, H) as (buf, size, builder):
         L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
         # Row t*B + n holds step t, batch row n; the spare rows feed padded GEMM rows.
-        dicfo = temp("dicfo", (Tn * B + ROW_TILE, G))
+        dicfo = temp("dicfo", (Tn * B + K_SLAB, G))
         dh, dcs, dcs_next = temp("dh", (padded(B), H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
-        spatial("dicfo_pad", (ROW_TILE, G), lambda m, j: T.buffer_store(
+        spatial("dicfo_pad", (padded(L * B, K_SLAB) - L * B, G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
         w_t = temp("w_t", (G, I + H))
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
@@ -87,13 +89,17 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_t):
     def prev(seq, first, r, k):
         return tirx.if_then_else(r >= B, f32(seq[r - B, k]), f32(buf[first][r, k]))
 
-    xg, wgx, wgh, bg = (temp("xg", (Tn * B + ROW_TILE, I)), temp("wgx", (I, G)),
+    def rows_only(value, r):  # rows past M multiply zero rows of dicfo; keep NaN/Inf out
+        return tirx.if_then_else(r < M, value, zero())
+
+    xg, wgx, wgh, bg = (temp("xg", (Tn * B + K_SLAB, I)), temp("wgx", (I, G)),
                         temp("wgh", (H, G)), temp("bg", (G,)))
     ran = M > 0  # reductions over the rows never ran their init when this is false
+    slab = padded(M, K_SLAB)
     gemm("x_grad_gemm", xg, M, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_t[j, k])
-    gemm("w_grad_x", wgx, I, G, M, lambda k, r: f32(x[r, k]), lambda r, j: dicfo[r, j],
-         pad=False)
-    gemm("w_grad_h", wgh, H, G, M, lambda k, r: prev(h, "h_prev", r, k),
+    gemm("w_grad_x", wgx, I, G, slab, lambda k, r: rows_only(f32(x[r, k]), r),
+         lambda r, j: dicfo[r, j], pad=False)
+    gemm("w_grad_h", wgh, H, G, slab, lambda k, r: rows_only(prev(h, "h_prev", r, k), r),
          lambda r, j: dicfo[r, j], pad=False)
     reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
     peephole_grads(buf, dtype, peep, H, ran, off, (M,),

@@ -4,9 +4,10 @@ Every kernel is made of named blocks of three shapes, and one rule handles each:
 
 - *GEMMs* (a reduction block with two spatial iterators ``m, n``): an ``R x C`` tile of the
   output (``R`` rows, ``C`` contiguous columns) is accumulated over the reduction loop, which
-  is unrolled by 4 (LLVM keeps the tile in vector registers); tiles run in parallel. The
-  kernels round a dynamic row count up to a multiple of ``ROW_TILE`` (padded scratch rows), so
-  the tile needs no bounds checks.
+  is unrolled (LLVM keeps the tile in vector registers); tiles run in parallel. The kernels
+  round a dynamic row count up to a multiple of ``ROW_TILE`` (padded scratch rows), so the
+  tile needs no bounds checks. A :class:`GemmTile` holds the choices (tile, unroll, an
+  optional cache block of the reduction); tuning sessions pick them per block.
 - *sums* (a reduction block with one spatial iterator): vectorised along it, reduction inside.
 - *elementwise* blocks: fused, parallel outside, vectorised inside where the extent allows.
 
@@ -16,9 +17,12 @@ A rule that cannot apply leaves the block as it is (still correct, only slower).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from tvm.sym import Analyzer
+
+from tvm.s_tir.schedule import Trace
 
 from .._tvm import Schedule, tirx
 from ..kernels._builder import ROW_TILE
@@ -31,27 +35,67 @@ COLUMN_CHOICES = (32, 64, 16)
 K_UNROLL = 4
 
 
-def schedule_for(op_name: str, func, target, failures: list | None = None):
+@dataclasses.dataclass(frozen=True)
+class GemmTile:
+    """How one GEMM block is scheduled.
+
+    ``rows x cols`` output elements per tile (``cols`` vectorised); the reduction loop
+    unrolled by ``k_unroll``. With ``k_block > 0`` the reduction is cut into slabs of that
+    many steps that run outside the parallel tile loop: every tile consumes one slab of both
+    operands before the next (the cache blocking that GEMMs with a long reduction need).
+    ``n_major`` orders the tiles column block first (consecutive tiles share the right
+    operand's panel) instead of row block first.
+    """
+
+    rows: int
+    cols: int
+    k_unroll: int = K_UNROLL
+    k_block: int = 0
+    n_major: int = 0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_tile(m_extent, n_extent, k_extent) -> GemmTile | None:
+    """The untuned tile of a GEMM block with these extents (None: no tiling applies)."""
+    rows, cols = _row_tile(m_extent), _column_chunk(n_extent)
+    if rows <= 1 or cols is None:
+        return None
+    return GemmTile(rows, cols, K_UNROLL if _divides(K_UNROLL, k_extent) else 1)
+
+
+def schedule_for(op_name: str, func, target, failures: list | None = None,
+                 tuned: dict | None = None):
     """``func`` with the default schedule for ``target`` applied (CPU targets only for now).
 
-    Blocks a rule could not schedule keep their plain loops; their names and errors are
-    appended to ``failures`` when given (tests require it to stay empty).
+    ``tuned`` maps block names to tuning-record traces in their JSON form (``Trace.as_json``
+    of a task with one block of that name, see :mod:`lstm_tvm.tuning`), replayed on the
+    block instead of its rule (the rule is the fallback if a trace does not apply). Blocks
+    nothing could schedule keep their plain loops; their names and errors are appended to
+    ``failures`` when given (tests require it to stay empty).
     """
     if str(target.kind.name) != "llvm":
         return func
     sch = Schedule(func)
     names = [sch.get(b).name_hint for b in _leaf_blocks(sch)]
     for name in names:
-        trial = sch.copy()
-        try:
-            _schedule_block(trial, trial.get_sblock(name))
-        except Exception as err:  # the block keeps its plain loops (trial discarded)
-            log.warning("lstm_tvm: %s: no default schedule for block %s: %s",
-                        op_name, name, str(err).splitlines()[-1][:200])
-            if failures is not None:
-                failures.append((name, err))
-        else:
-            sch = trial
+        ways = [lambda s: _schedule_block(s, s.get_sblock(name))]
+        if tuned and name in tuned:
+            ways.insert(0, lambda s: Trace.apply_json_to_schedule(tuned[name], s))
+        for way in ways:
+            trial = sch.copy()
+            try:
+                way(trial)
+            except Exception as err:  # the trial is discarded
+                log.warning("lstm_tvm: %s: block %s: %s %s failed: %s", op_name, name,
+                            "tuned" if len(ways) > 1 and way is ways[0] else "default",
+                            "schedule", str(err).splitlines()[-1][:200])
+                if failures is not None:
+                    failures.append((name, err))
+            else:
+                sch = trial
+                break
     return sch.mod["main"]
 
 
@@ -69,6 +113,23 @@ def _leaf_blocks(sch: Schedule):
     return out
 
 
+def gemm_axes(sch: Schedule, block):
+    """``(m, n, k)`` loops and ``(M, N)`` extents of a GEMM-shaped block, else None."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)[-len(stmt.iter_vars):]
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+        return None
+    return loops, [iv.dom.extent for iv in stmt.iter_vars[:2]]
+
+
+def apply_gemm(sch: Schedule, block, tile: GemmTile) -> None:
+    """Schedule a GEMM-shaped block (see :func:`gemm_axes`) with ``tile`` (whose fields may
+    be sampled random variables of a tuning space)."""
+    (m, n, k), _ = gemm_axes(sch, block)
+    _gemm(sch, block, [m, n], k, tile)
+
+
 def _schedule_block(sch: Schedule, block) -> None:
     stmt = sch.get(block)
     loops = sch.get_loops(block)[-len(stmt.iter_vars):]
@@ -78,9 +139,11 @@ def _schedule_block(sch: Schedule, block) -> None:
     extents = [iv.dom.extent for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.DataPar]
     if len(spatial) + len(reduce_) != len(loops) or not spatial:
         return
-    rows = _row_tile(extents[0]) if len(spatial) == 2 else 1
-    if len(reduce_) == 1 and rows > 1:
-        _gemm(sch, block, spatial, reduce_[0], extents, rows)
+    tile = None
+    if len(spatial) == 2 and len(reduce_) == 1:
+        tile = default_tile(*extents, sch.get(reduce_[0]).extent)
+    if tile is not None:
+        _gemm(sch, block, spatial, reduce_[0], tile)
     else:
         _generic(sch, block, spatial, reduce_, extents, stmt.init is not None)
 
@@ -100,25 +163,31 @@ def _column_chunk(extent):
     return next((c for c in COLUMN_CHOICES if _divides(c, extent)), None)
 
 
-def _gemm(sch, block, spatial, k, extents, rows) -> None:
-    chunk = _column_chunk(extents[1])
-    if chunk is None:
-        return _generic(sch, block, spatial, [k], extents, True)
-    m_o, m_i = sch.split(spatial[0], [None, rows])
-    n_o, n_i = sch.split(spatial[1], [None, chunk])
-    k_i = None
-    if _divides(K_UNROLL, sch.get(k).extent):
-        k, k_i = sch.split(k, [None, K_UNROLL])
-        sch.reorder(m_o, n_o, k, k_i, m_i, n_i)
-    else:
-        sch.reorder(m_o, n_o, k, m_i, n_i)
-    sch.parallel(sch.fuse(m_o, n_o))
+def _gemm(sch, block, spatial, k, tile: GemmTile) -> None:
+    """Tile a GEMM block. Tile fields may be ints or sampled ``ExprRV`` s (tuning spaces);
+    ``k_block`` and ``k_unroll`` split only when given (an RV, or an int other than 0 / 1)."""
+    m_o, m_i = sch.split(spatial[0], [None, tile.rows])
+    n_o, n_i = sch.split(spatial[1], [None, tile.cols])
+    k_o = k_i = None
+    if _given(tile.k_block, 0):
+        k_o, k = sch.split(k, [None, tile.k_block])
+    if _given(tile.k_unroll, 1):
+        k, k_i = sch.split(k, [None, tile.k_unroll])
+    tiles = [n_o, m_o] if tile.n_major else [m_o, n_o]
+    sch.reorder(*([k_o] if k_o is not None else []), *tiles, k,
+                *([k_i] if k_i is not None else []), m_i, n_i)
+    sch.parallel(sch.fuse(*tiles))
     if k_i is not None:
         sch.unroll(k_i)
     sch.unroll(m_i)
     sch.vectorize(n_i)
-    init = sch.decompose_reduction(block, k)
-    sch.vectorize(sch.get_loops(init)[-1])
+    # The init block's loop count depends on which tile loops have unit extent, so a
+    # replayed trace must not address its loops (LLVM vectorises the zeroing by itself).
+    sch.decompose_reduction(block, k_o if k_o is not None else k)
+
+
+def _given(value, absent: int) -> bool:
+    return not isinstance(value, int) or value != absent
 
 
 def _generic(sch, block, spatial, reduce_, extents, has_init) -> None:

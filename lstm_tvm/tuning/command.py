@@ -1,0 +1,64 @@
+"""``lstm-tvm tune``: a MetaSchedule tuning session from the command line."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..registry import DTYPES, OPS
+
+DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
+
+
+@click.command("tune")
+@click.option("--ops", "ops_", default=",".join(OPS), show_default="all six",
+              help=f"Comma list of ops whose GEMM blocks to tune, among {', '.join(OPS)}.")
+@click.option("--dtype", "dtypes", default="float32", show_default=True,
+              help="Comma list of dtypes (float32, float16).")
+@click.option("--shapes", default=DEFAULT_SHAPES, show_default=True,
+              help="Comma list of TxBxIxH shapes to tune at (the benchmark's by default).")
+@click.option("--target", default="llvm", show_default=True,
+              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@click.option("--trials", default=32, show_default=True, type=click.IntRange(1),
+              help="Measured candidates each task should have on record (resumes: tasks "
+                   "already in the database are topped up).")
+@click.option("--schedules-dir", type=click.Path(file_okay=False),
+              help="Root of the databases (default: LSTM_TVM_SCHEDULES_DIR or schedules/).")
+@click.option("--seed", type=int, help="Seed of the search (default: random).")
+def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
+    """Tune the GEMM blocks of the requested kernels with MetaSchedule.
+
+    Every distinct GEMM block (per op, dtype and shape) becomes a static-shape task; the
+    search measures up to --trials tile schedules each and commits every measurement to
+    MetaSchedule's JSON database under <schedules>/<target key>/ as it goes (interrupt and
+    rerun to continue). compile() and raw_ops use the best record of each block for kernels
+    of the same target, input and cell size, whatever T and B.
+    """
+    from ..bench import parse_shapes
+    from .._tvm import resolve_target
+    from ..cli import _split_choices, format_table
+    from .database import database_dir
+    from .session import tune
+
+    ops = _split_choices(ops_, OPS, "--ops")
+    dts = _split_choices(dtypes, DTYPES, "--dtype")
+    try:
+        shape_list = parse_shapes(shapes)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--shapes") from None
+    try:
+        resolved = resolve_target(target)
+    except Exception as exc:  # noqa: BLE001 (TVM raises several types)
+        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--target") from None
+    start = time.perf_counter()
+    results = tune(ops, dts, shape_list, resolved, trials, root=schedules_dir, seed=seed)
+    rows = []
+    for r in results:
+        b = r.best
+        rows.append((r.task.key, str(r.trials), "-" if b is None else f"{b.seconds * 1e3:.3f}",
+                     "-" if b is None else f"{b.gflops:.1f}", "-" if b is None else b.tile))
+    click.echo(format_table(("task", "trials", "best ms", "GFLOP/s", "schedule"), rows,
+                            right=(1, 2, 3)))
+    click.echo(f"{len(results)} tasks, database {database_dir(resolved, schedules_dir)}, "
+               f"{time.perf_counter() - start:.0f} s")

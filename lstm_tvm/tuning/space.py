@@ -1,0 +1,76 @@
+"""The search space of a GEMM task: :class:`GemmTile` s whose sizes MetaSchedule samples.
+
+The space has one design per loop structure (with or without a blocked reduction, row- or
+column-block-major tile order); within a design, the tile sizes are ``SampleCategorical``
+random variables used directly as split factors. A tuning record's trace is therefore a
+complete, replayable schedule of the block: split factors never name the extents they
+split, so the same trace schedules the same-named block of a kernel whose ``T`` and ``B``
+are symbolic.
+"""
+
+from __future__ import annotations
+
+from ..kernels._builder import ROW_TILE
+from ..schedule.rules import GemmTile, apply_gemm
+from .tasks import Task
+
+__all__ = ["choices", "designs", "space", "describe"]
+
+
+def choices(task: Task) -> dict[str, list[int]]:
+    """The values each tile size may take for ``task`` (all valid for the kernel's block:
+    they divide what the kernel guarantees its extents to be multiples of)."""
+    rows = [r for r in (2, 4, 8, 16) if task.m_multiple % r == 0 and r <= task.M] or [1]
+    if task.m_multiple == ROW_TILE:  # dynamic rows, padded to ROW_TILE only
+        rows = [r for r in rows if ROW_TILE % r == 0]
+    cols = [c for c in (16, 32, 48, 64) if task.N % c == 0] or [task.N]
+    k_unroll = [u for u in (1, 2, 4, 8) if task.k_multiple % u == 0]
+    k_block = [b for b in (64, 128, 256) if task.k_multiple % b == 0 and b < task.K]
+    return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}
+
+
+def designs(task: Task, sch) -> list:
+    """``sch`` (a schedule of ``task``'s workload) copied once per loop structure, with the
+    tile sizes sampled; the space :func:`space` searches."""
+    options = choices(task)
+    out = []
+    for blocked in ([False, True] if options["k_block"] else [False]):
+        for n_major in (0, 1):
+            design = sch.copy()
+
+            def sample(field, design=design):
+                cands = options[field]
+                return design.sample_categorical(cands, [1.0 / len(cands)] * len(cands))
+
+            tile = GemmTile(rows=sample("rows"), cols=sample("cols"), k_unroll=sample("k_unroll"),
+                            k_block=sample("k_block") if blocked else 0, n_major=n_major)
+            apply_gemm(design, design.get_sblock(task.name), tile)
+            out.append(design)
+    return out
+
+
+def space(task: Task):
+    """A MetaSchedule ``ScheduleFn`` space over ``task``'s tiles (see :func:`designs`)."""
+    from tvm.s_tir.meta_schedule.space_generator import ScheduleFn
+
+    return ScheduleFn(lambda sch: designs(task, sch), sch_rules=[], postprocs=[],
+                      mutator_probs={})
+
+
+def describe(trace) -> str:
+    """The tile sizes a trace of :func:`space` chose, e.g. ``8x32 unroll 4, k slabs of 256``."""
+    values = [int(inst.attrs[0][int(trace.decisions[inst])]) for inst in trace.insts
+              if inst.kind.name == "SampleCategorical"]
+    if len(values) == 3:
+        rows, cols, unroll = values
+        text = f"{rows}x{cols} unroll {unroll}"
+    elif len(values) == 4:
+        rows, cols, unroll, block = values
+        text = f"{rows}x{cols} unroll {unroll}, k slabs of {block}"
+    else:
+        return "?"
+    fuse = next((i for i in trace.insts if i.kind.name == "Fuse"), None)
+    split_m = next((i for i in trace.insts if i.kind.name == "Split"), None)
+    if fuse is not None and split_m is not None and not fuse.inputs[0].same_as(split_m.outputs[0]):
+        text += ", column blocks first"
+    return text

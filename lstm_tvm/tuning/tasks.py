@@ -1,0 +1,142 @@
+"""Tuning tasks: each GEMM block of a kernel as a standalone static-shape PrimFunc.
+
+MetaSchedule cannot search the whole kernels (their time loop reads what the previous step
+wrote), so every GEMM block is tuned on its own: a PrimFunc holding one block with the
+block's name, sizes at a given ``T`` and ``B``, operand layouts and dtypes. The winning tile
+is carried back to the block of that name in the kernel (:mod:`lstm_tvm.tuning.database`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from .._tvm import IRBuilder, TB as T, tirx, tvm
+from ..kernels import BUILDERS, cell_grad_matmul
+from ..kernels._builder import K_SLAB, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes, gemm
+from ..kernels._gates import f32
+from ..registry import get_op
+
+__all__ = ["Task", "kernel_gemms", "tasks_for", "TASK_ATTR"]
+
+#: PrimFunc attribute holding a task's description (JSON), read back from databases.
+TASK_ATTR = "lstm_tvm.gemm"
+
+CELL_GRAD_MATMUL = "CellGradMatmul"
+
+
+def _build(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
+    if op == CELL_GRAD_MATMUL:
+        return cell_grad_matmul(dtype, input_size, cell_size)
+    return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
+
+
+def _multiple(extent) -> int:
+    """The largest of (extent itself if constant, K_SLAB, ROW_TILE, 1) known to divide it."""
+    if isinstance(extent, int) or isinstance(extent, tirx.IntImm):
+        return int(extent)
+    from tvm.sym import Analyzer
+    for m in (K_SLAB, ROW_TILE):
+        rem = Analyzer().simplify(tirx.floormod(extent, m))
+        if isinstance(rem, tirx.IntImm) and rem.value == 0:
+            return m
+    return 1
+
+
+def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict) -> list[GemmBlock]:
+    """The GEMM blocks of a kernel built with symbolic ``T`` and ``B``."""
+    with capture_gemms() as found:
+        _build(op, dtype, input_size, cell_size, attrs)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One GEMM block at static sizes, plus what its sizes are known to be divisible by in the
+    kernel (``m_multiple``/``k_multiple``: the extent itself when it is static, else the row
+    padding guaranteed by the kernel), which bounds the tiles a search may pick."""
+
+    name: str
+    M: int
+    N: int
+    K: int
+    a: str  # "<layout>:<dtype>"
+    b: str
+    m_multiple: int
+    k_multiple: int
+
+    @property
+    def key(self) -> str:
+        """A readable identity, e.g. ``w_grad_x 256x1024x2048 a=km:float32 b=kn:float32``."""
+        return f"{self.name} {self.M}x{self.N}x{self.K} a={self.a} b={self.b}"
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.M * self.N * self.K
+
+    def matches(self, block: GemmBlock) -> bool:
+        """Whether this task was cut from a kernel block like ``block`` (symbolic sizes)."""
+        return (self.name == block.name and self.N == int(block.N)
+                and self.a == f"{block.a_layout}:{block.a_dtype}"
+                and self.b == f"{block.b_layout}:{block.b_dtype}"
+                and self.m_multiple == _multiple(block.M) and self.k_multiple == _multiple(block.K)
+                and (self.m_multiple != self.M or not _is_static(block.M) or int(block.M) == self.M)
+                and (self.k_multiple != self.K or not _is_static(block.K) or int(block.K) == self.K))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Task":
+        return cls(**json.loads(text))
+
+    def primfunc(self):
+        """The task as a PrimFunc ``main(a, b, c)`` with one GEMM block named :attr:`name`."""
+        a_layout, a_dtype = self.a.split(":")
+        b_layout, b_dtype = self.b.split(":")
+        a_shape = (self.M, self.K) if a_layout == "mk" else (self.K, self.M)
+        b_shape = (self.K, self.N) if b_layout == "kn" else (self.N, self.K)
+        with IRBuilder() as builder:
+            with T.prim_func(s_tir=True):
+                T.func_name("main")
+                T.func_attr({"tirx.noalias": True, TASK_ATTR: self.to_json()})
+                a = T.arg("a", T.Buffer(a_shape, a_dtype))
+                b = T.arg("b", T.Buffer(b_shape, b_dtype))
+                c = T.arg("c", T.Buffer((self.M, self.N), "float32"))
+                gemm(self.name, c, self.M, self.N, self.K,
+                     lambda m, k: f32(a[m, k] if a_layout == "mk" else a[k, m]),
+                     lambda k, n: f32(b[k, n] if b_layout == "kn" else b[n, k]), pad=False)
+        return builder.get()
+
+
+def _is_static(extent) -> bool:
+    return isinstance(extent, (int, tirx.IntImm))
+
+
+def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
+              steps: int, batch: int) -> list[Task]:
+    """The tasks of ``op``'s kernel at ``T = steps``, ``B = batch`` (``seq_len_max = T``)."""
+    symbolic = kernel_gemms(op, dtype, input_size, cell_size, attrs)
+    with fixed_sizes(T=steps, B=batch), capture_gemms() as fixed:
+        _build(op, dtype, input_size, cell_size, attrs)
+    tasks = []
+    for sym, blk in zip(symbolic, fixed):
+        assert sym.name == blk.name
+        tasks.append(Task(blk.name, int(blk.M), int(blk.N), int(blk.K),
+                          f"{blk.a_layout}:{blk.a_dtype}", f"{blk.b_layout}:{blk.b_dtype}",
+                          _multiple(sym.M), _multiple(sym.K)))
+    return tasks
+
+
+def task_of(mod) -> Task | None:
+    """The :class:`Task` a workload module was made from (None for other workloads)."""
+    for _, func in mod.functions_items():
+        attrs = func.attrs
+        if attrs is not None and TASK_ATTR in attrs:
+            return Task.from_json(str(attrs[TASK_ATTR]))
+    return None
+
+
+def workload(task: Task):
+    """The IRModule MetaSchedule stores for ``task``."""
+    return tvm.IRModule({"main": task.primfunc()})

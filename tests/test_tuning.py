@@ -1,0 +1,145 @@
+"""Tuning: MetaSchedule sessions, the JSON databases, and tuned kernels against the reference.
+
+The session test runs a real (small) MetaSchedule search; the other tests write records from
+the tuning space directly (sampled schedules, timed here), which checks the database round
+trip and that every schedule the space can produce computes the right thing in the kernels.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import lstm_tvm
+from lstm_tvm import build, reference, testing
+from lstm_tvm._tvm import Schedule, resolve_target, tvm
+from lstm_tvm.cli import main
+from lstm_tvm.tuning import collect_tasks, database, space, tasks as task_mod
+
+SEQ_OPS = ("BlockLSTM", "BlockLSTMV2", "BlockLSTMGrad", "BlockLSTMGradV2")
+ALL_OPS = ("LSTMBlockCell", "LSTMBlockCellGrad") + SEQ_OPS
+
+
+@pytest.fixture
+def schedules(tmp_path, monkeypatch):
+    """An empty schedules root, used by compile() and raw_ops for the test's duration."""
+    root = tmp_path / "schedules"
+    monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(root))
+    return root
+
+
+def _record_count(folder) -> int:
+    return sum(1 for _ in open(folder / database.RECORD_FILE))
+
+
+def _check_against_reference(op_name, I, H, shapes, attrs):
+    for T, B in shapes:
+        inputs = testing.make_inputs(op_name, B=B, I=I, H=H, T=T, seed=(T or 1) * 7 + B)
+        got = lstm_tvm.raw_ops.run(op_name, inputs, attrs)
+        ref = reference.run(op_name, inputs, attrs)
+        for name in got._fields:
+            testing.assert_close(getattr(got, name), ref[name], "float32", f"{op_name}.{name}")
+
+
+def test_tune_command_writes_database_resumes_and_is_applied(schedules):
+    runner = CliRunner()
+    args = ["tune", "--ops", "LSTMBlockCell", "--shapes", "1x5x8x8", "--trials", "3",
+            "--seed", "1"]
+    result = runner.invoke(main, args)
+    assert result.exit_code == 0, result.output
+    folder = database.database_dir(resolve_target())
+    assert folder.parent == schedules
+    assert (folder / database.WORKLOAD_FILE).exists()
+    assert _record_count(folder) == 3
+    assert "gates 8x32x16" in result.output
+    result = runner.invoke(main, args)  # resumes: the task already has its trials
+    assert result.exit_code == 0, result.output
+    assert _record_count(folder) == 3
+    spec = build.make_spec("LSTMBlockCell", "float32", 8, 8,
+                           {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": False})
+    assert [name for name, _, _ in spec.tuned] == ["gates"]
+    _check_against_reference("LSTMBlockCell", 8, 8, [(None, 5), (None, 13)],
+                             {"use_peephole": False})
+
+
+def _commit_sampled_records(db, target, task_list, seed):
+    """One record per task: a schedule sampled from the task's space, timed here."""
+    dev = tvm.cpu()
+    for i, task in enumerate(task_list):
+        mod = task_mod.workload(task)
+        design = space.designs(task, Schedule(mod, seed=seed + i + 1))
+        sch = design[(seed + i) % len(design)]
+        lib = tvm.compile(sch.mod, target=target)
+        args = _task_args(task, dev)
+        secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
+        db.commit_tuning_record(tvm.s_tir.meta_schedule.database.TuningRecord(
+            sch.trace, db.commit_workload(mod), [secs], target,
+            tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])))
+
+
+def _task_args(task, dev):
+    a_layout, a_dtype = task.a.split(":")
+    b_layout, b_dtype = task.b.split(":")
+    a = (task.M, task.K) if a_layout == "mk" else (task.K, task.M)
+    b = (task.K, task.N) if b_layout == "kn" else (task.N, task.K)
+    return [tvm.runtime.empty(a, a_dtype, dev), tvm.runtime.empty(b, b_dtype, dev),
+            tvm.runtime.empty((task.M, task.N), "float32", dev)]
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_every_sampled_schedule_matches_the_reference(schedules, seed):
+    target = resolve_target()
+    I, H = 16, 8
+    db = database.open_database(database.database_dir(target), create=True)
+    _commit_sampled_records(db, target, collect_tasks(ALL_OPS, ["float32"], [(9, 4, I, H)]), seed)
+    for op_name in ALL_OPS:
+        attrs = {"use_peephole": True}
+        if op_name in ("LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"):
+            attrs["cell_clip"] = 0.0
+        spec = build.make_spec(op_name, "float32", I, H, testing.op_attrs(op_name, attrs))
+        assert bool(spec.tuned) == (op_name != "LSTMBlockCellGrad"), op_name  # it has no GEMM
+        failures = []
+        build.primfunc(spec, failures)
+        assert failures == [], (op_name, failures)  # every trace replayed on the kernel
+        shapes = [(9, 4), (3, 11), (20, 1)] if op_name in SEQ_OPS else [(None, 4), (None, 11)]
+        _check_against_reference(op_name, I, H, shapes, attrs)
+    rng = np.random.default_rng(seed)
+    B = 13
+    args = [rng.uniform(-1, 1, s).astype("float32")
+            for s in ((B, I), (B, H), (I + H, 4 * H), (B, 4 * H))]
+    got, ref = lstm_tvm.cell_grad_matmul(*args), reference.cell_grad_matmul(*args)
+    for name in got._fields:
+        testing.assert_close(getattr(got, name), ref[name], "float32", name)
+
+
+def test_records_of_another_machine_are_not_applied(schedules):
+    host = resolve_target()
+    other = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512"
+                            if database.target_key(host) != "llvm-skylake-avx512" else "znver4"})
+    task_list = collect_tasks(["BlockLSTMGradV2"], ["float32"], [(4, 2, 8, 8)])
+    # in the other machine's folder, and misfiled into the host's folder
+    for folder in (database.database_dir(other), database.database_dir(host)):
+        db = database.open_database(folder, create=True)
+        _commit_sampled_records(db, other, task_list, 0)
+    spec = build.make_spec("BlockLSTMGradV2", "float32", 8, 8, {"use_peephole": False})
+    assert spec.tuned == ()
+    assert database.best_by_task(other)  # the other machine does see its own records
+    spec_other = build.make_spec("BlockLSTMGradV2", "float32", 8, 8, {"use_peephole": False},
+                                 target=other)
+    assert {name for name, _, _ in spec_other.tuned} == {t.name for t in task_list}
+
+
+def test_space_choices_divide_what_the_kernels_guarantee():
+    for task in collect_tasks(ALL_OPS, ["float32", "float16"],
+                              [(3, 5, 7, 9), (64, 32, 256, 256), (100, 64, 512, 512)]):
+        c = space.choices(task)
+        assert all(task.m_multiple % r == 0 for r in c["rows"]), task
+        assert all(task.N % v == 0 for v in c["cols"]), task
+        assert all(task.k_multiple % v == 0 for v in c["k_unroll"] + c["k_block"]), task
+
+
+def test_target_keys_name_the_machine():
+    assert database.target_key(resolve_target({"kind": "llvm", "mcpu": "znver4"})) == "llvm-znver4"
+    assert database.target_key(resolve_target({"kind": "cuda", "arch": "sm_90"})) == "cuda-sm_90"
