@@ -152,7 +152,8 @@ def test_manifest_matches_registry(exported):
         attrs = validate_attrs(op, _op_attrs(name))
         spec = _build.make_spec(name, "float32", I, H, attrs, "llvm")
         assert entry["function"] == spec.func_name and entry["attrs"] == attrs
-        assert entry["schedule_records"] == []
+        assert [(r["block"], r["task"]) for r in entry["schedule_records"]] == [
+            (block, task) for block, task, _ in spec.tuned]
         params = entry["params"]
         tensors = [(t, "input") for t in op.inputs] + [(t, "output") for t in op.outputs]
         assert [p["name"] for p in params] == [t.name for t, _ in tensors]

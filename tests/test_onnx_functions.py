@@ -99,6 +99,30 @@ def test_function_attributes(op_name, use_peephole, tf):
 
 
 @pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cell_clip_keeps_nan_like_tf(op_name, dtype, tf):
+    """NaN in ``cs`` survives an active ``cell_clip`` (TF's clip and lstm_tvm's kernels keep it),
+    +-Inf is clipped: the same NaN positions and values as TF in every output."""
+    attrs = {"cell_clip": 0.5, "use_peephole": False}
+    n = None if OPS[op_name].kind == "cell" else T
+    inputs = _inputs(op_name, dtype, n, attrs, seed=5)
+    rng = np.random.default_rng(5)
+    special = rng.choice(np.array([np.nan, np.inf, -np.inf, 0.0]), size=(B, H),
+                         p=[0.3, 0.15, 0.15, 0.4])
+    inputs["cs_prev"] = np.where(special != 0, special, inputs["cs_prev"]).astype(dtype)
+    assert np.isnan(inputs["cs_prev"]).any() and np.isinf(inputs["cs_prev"]).any()
+    out = _run(_session(op_name, dtype, tuple(attrs.items())), inputs)
+    expected = testing.tf_run(op_name, inputs, attrs)
+    for name in OPS[op_name].output_names:
+        nan = np.isnan(expected[name])
+        first = nan if n is None else nan[0]  # later steps: NaN h spreads into every gate
+        assert first.any() == (name in ("cs", "co", "h")), name  # NaN first meets the clip
+        np.testing.assert_array_equal(np.isnan(out[name]), nan, err_msg=f"{op_name}.{name}")
+        testing.assert_close(out[name], expected[name], dtype, f"{op_name}.{name} vs TF",
+                             mask=~nan, tol=_tf_tol(dtype))
+
+
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"])
 def test_function_attribute_defaults(op_name):
     """A node without its optional attributes gets TF's defaults from the function."""
     model = lo.make_model(op_name, "float32", input_size=I, cell_size=H)

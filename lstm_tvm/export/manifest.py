@@ -21,8 +21,9 @@ Layout (format :data:`FORMAT_VERSION`)::
 dynamic ones (one value per name across a call); ``dims`` is the registry's symbolic shape;
 ``dynamic`` the indices of the dynamic dims. ``seq_len_max`` (sequence ops) has ``kind``
 ``"scalar"``, is passed by value as an int64 and carries ``"range": [0, "T"]``, which callers
-must check (the kernels do not). ``schedule_records`` lists the tuning records the op's
-schedule came from (empty: the rule-based schedules).
+must check (the kernels do not). ``schedule_records`` lists the tuning records replayed on
+the op's GEMM blocks: ``{"block", "task", "trace"}`` with the task it was tuned as and
+MetaSchedule's JSON trace (empty: the rule-based schedules throughout).
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ CALLING_CONVENTION = (
 
 
 def schedule_records(spec: _build.BuildSpec) -> list:
-    """The tuning records ``spec``'s schedule came from (none yet: rule-based schedules)."""
-    return []
+    """The tuning records replayed on ``spec``'s GEMM blocks (empty: rule-based schedules)."""
+    return [{"block": block, "task": task, "trace": json.loads(trace)}
+            for block, task, trace in spec.tuned]
 
 
 def _param(t: TensorSpec, role: str, dtype: str, sizes: Mapping[str, int]) -> dict:

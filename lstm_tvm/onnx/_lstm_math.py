@@ -23,12 +23,24 @@ def join_gates(g: Graph, blocks: Mapping[str, str], layout: Sequence[str], axis:
     return g.op("Concat", *(blocks[k] for k in layout), axis=axis, hint="dicfo")
 
 
+def clip_keep_nan(g: Graph, x: str, lo: str, hi: str) -> str:
+    """``x`` clipped to ``[lo, hi]`` by compare-and-select: NaN stays NaN, ``+-inf`` is clipped.
+
+    TF's ``cell_clip`` and lstm_tvm's kernels keep NaN; ONNX leaves ``Clip`` of NaN open (ORT
+    1.31 keeps it, a runtime lowering it to ``min``/``max`` may not), so no ``Clip`` here.
+    """
+    above = g.op("Greater", x, hi)
+    below = g.op("Less", x, lo)
+    return g.op("Where", above, hi, g.op("Where", below, lo, x), hint="cs")
+
+
 def forward_step(g: Graph, pre: Mapping[str, str], cs_prev: str, *, peep: Mapping | None,
                  forget_bias: str | None, clip: tuple[str, str] | None) -> dict[str, str]:
     """``i, cs, f, o, ci, co, h`` of one step from the gate pre-activations ``pre``.
 
     ``forget_bias`` is a scalar value name (None: no bias, e.g. BlockLSTMV2); ``clip`` is
-    ``(lo, hi)`` value names (``+-inf`` when ``cell_clip <= 0``) or None.
+    ``(lo, hi)`` value names (``+-inf`` when ``cell_clip <= 0``) or None; the clip keeps NaN
+    (:func:`clip_keep_nan`).
     """
     pre_i, pre_f, pre_o = pre["i"], pre["f"], pre["o"]
     if forget_bias is not None:
@@ -41,7 +53,7 @@ def forward_step(g: Graph, pre: Mapping[str, str], cs_prev: str, *, peep: Mappin
     f = g.op("Sigmoid", pre_f, hint="f")
     cs = g.add(g.mul(i, ci), g.mul(f, cs_prev))
     if clip is not None:
-        cs = g.op("Clip", cs, clip[0], clip[1], hint="cs")
+        cs = clip_keep_nan(g, cs, *clip)
     co = g.op("Tanh", cs, hint="co")
     if peep is not None:
         pre_o = g.add(pre_o, g.mul(peep["wco"], cs))

@@ -6,11 +6,12 @@ nodes without any custom kernel: it inlines a model-local function for a custom-
 that has no kernel. Semantics are TensorFlow's (:mod:`lstm_tvm.reference`):
 
 - **Cell ops**: ``MatMul``/``Add`` for the gates, ``Split``, ``Sigmoid``/``Tanh``/``Mul``,
-  ``Clip``; the grad returns ``dicfo`` in the op's gate layout and the batch-summed peephole
+  the cell clip (``Where``); the grad returns ``dicfo`` in the op's gate layout and the batch-summed peephole
   grads (``ReduceSum``).
 - **Input checks** first: ranks and dims agree with the registry (``T, B, I`` of ``x``, ``H`` of
-  ``cs_prev``) and ``0 <= seq_len_max <= T``, else onnxruntime fails at the node
-  ``<Op>_input_check_...`` (see :mod:`._checks`) instead of computing garbage.
+  ``cs_prev``), ``0 <= seq_len_max <= T`` and ``use_peephole`` is 0 or 1, else onnxruntime
+  fails at the node ``<Op>_input_check_...`` (see :mod:`._checks`) instead of computing
+  garbage; a float type other than float32/float16 is a type error at session creation.
 - **Sequence forward** (``BlockLSTM``, ``BlockLSTMV2``): ``x @ w[:I] + b`` for all steps in one
   ``MatMul``, then a ``Loop`` of ``seq_len_max`` steps carrying ``cs, h`` (``h @ w[I:]`` per
   step); the stacked outputs are ``Pad``-ded with zeros to ``T``: padded steps are zero in every
@@ -22,8 +23,10 @@ that has no kernel. Semantics are TensorFlow's (:mod:`lstm_tvm.reference`):
 
 Attributes are function attributes with TF's defaults (``forget_bias``, ``cell_clip``,
 ``use_peephole``; ``use_peephole`` is required by the grad ops), read in the body through
-``Constant`` nodes with ``ref_attr_name``. ``cell_clip`` becomes ``Clip(cs, -c, c)`` with
-``c = cell_clip if cell_clip > 0 else inf``. ``use_peephole`` selects between two bodies with one
+``Constant`` nodes with ``ref_attr_name``. ``cell_clip`` clips ``cs`` to ``[-c, c]`` with
+``c = cell_clip if cell_clip > 0 else inf`` by compare-and-select (``Greater``/``Less``/``Where``,
+not ``Clip``, whose NaN behaviour ONNX leaves open): NaN in ``cs`` stays NaN, as in TF and
+lstm_tvm's kernels. ``use_peephole`` selects between two bodies with one
 ``If``: the branch without peephole never reads ``wci, wcf, wco`` (no multiply by zero, so NaN
 in unused peephole weights does not leak) and returns zero peephole grads.
 
@@ -74,9 +77,9 @@ class _Ctx:
             hi = g.op("Where", active, clip, g.const(np.inf, np.float32, "inf"), hint="clip_hi")
             self.clip = (g.op("Neg", hi, hint="clip_lo"), hi)
         flag = g.ref_constant("use_peephole", AttributeProto.INT, "use_peephole")
-        self.use_peephole = g.op("Cast", flag, to=BOOL, hint="peephole")
         self._checked = {}
-        self._checked["cs_prev"], self.n1 = checked_inputs(g, op)
+        self._checked["cs_prev"], self.n1 = checked_inputs(g, op, flag)
+        self.use_peephole = g.op("Cast", flag, to=BOOL, hint="peephole")
 
     def f32(self, name: str) -> str:
         """Input ``name`` cast to float32 (one Cast node in the top-level graph)."""

@@ -124,6 +124,9 @@ def _make_kernel(op: OpSpec):
         try:
             if len(arrays) != len(op.inputs):
                 raise TypeError(f"{op.name}: expected {len(op.inputs)} inputs, got {len(arrays)}")
+            bad = {k: v for k, v in attrs.items() if k in bools and v not in (0, 1)}
+            if bad:
+                raise TypeError(f"{op.name}: attributes {bad} expected 0 or 1")
             attrs = {k: (bool(v) if k in bools else float(v)) for k, v in attrs.items()}
             out = raw_ops.run(op.name, dict(zip(op.input_names, arrays)), attrs)
             return tuple(np.ascontiguousarray(o, dtype=np.float32) for o in out)
@@ -155,6 +158,16 @@ def session_options(base=None, *, register: bool = True):
 
     With ``register`` (default) the PyOps are registered first (:func:`register_ort_ops`).
     Only float32 models run on this route (see the module doc).
+
+    .. warning::
+       In a plain ``onnxruntime.InferenceSession`` opened with these options, **a failing
+       lstm_tvm node does not raise**: an exception escaping a PyOp would abort the process, so
+       the PyOp catches it, logs ``lstm_tvm PyOp <Op> failed (outputs are zeros): ...`` (logger
+       ``lstm_tvm.onnx.ort``), keeps it in :func:`last_error` and returns **zeros**; later nodes
+       compute on those zeros and ``run`` returns normally. Use :class:`InferenceSession`, which
+       re-raises the node's own ``ValueError``/``TypeError`` from ``run``, or check
+       :func:`last_error` yourself. Errors onnxruntime finds before a PyOp runs (input types,
+       declared dims, attributes missing or of the wrong type) raise in both.
     """
     import onnxruntime
 
@@ -238,16 +251,43 @@ def _no_spinning(onnxruntime):
     return options
 
 
+def _native_route(op_name, dtype, I, H, attrs, model, inputs, options):
+    """``session.run`` of the native library on an export of ``op_name`` in a temporary
+    folder (64-byte aligned feeds, as onnxruntime allocates), or None when it cannot be built."""
+    import tempfile
+
+    import onnxruntime
+
+    from ..export import export
+    from . import native
+
+    try:
+        library = native.build_library()
+    except FileNotFoundError as err:
+        print(f"ort_native: not timed ({err})")
+        return None
+    folder = tempfile.mkdtemp(prefix="lstm_tvm_native_")
+    export(folder, [op_name], dtype=dtype, input_size=I, cell_size=H, attrs=attrs, onnx=False,
+           progress=False)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), native.session_options([folder], library, base=options),
+        providers=["CPUExecutionProvider"])
+    feeds = {k: native.aligned_copy(v) for k, v in inputs.items()}
+    return lambda: session.run(None, feeds)
+
+
 def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32, I: int = 256,
                    H: int = 256, dtype: str = "float32", use_peephole: bool = False,
-                   repeat: int = 5, seed: int = 0) -> dict[str, float]:
+                   repeat: int = 5, seed: int = 0, native: bool = True) -> dict[str, float]:
     """Time one call of ``op_name`` by each route and print a table (median ms of ``repeat``).
 
     Routes: ``tvm`` (the compiled TVM op on TVM tensors made beforehand: the kernel alone),
     ``raw_ops`` (:func:`lstm_tvm.raw_ops.run` on NumPy arrays: validation and copies added),
-    ``ort_pyop`` (onnxruntime with the PyOp calling ``raw_ops``) and ``ort_function``
+    ``ort_pyop`` (onnxruntime with the PyOp calling ``raw_ops``), ``ort_function``
     (onnxruntime running the op's ONNX function, no TVM; float16 via ``Cast`` nodes on the
-    PyOp route). Returns ``{route: ms}``.
+    PyOp route) and, with ``native`` and when :mod:`.native` can build its library,
+    ``ort_native`` (onnxruntime with the native library on an export of the op, aligned
+    feeds). Returns ``{route: ms}``.
     """
     import onnxruntime
 
@@ -277,6 +317,11 @@ def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32
         "ort_pyop": lambda: pyop.run(None, inputs),
         "ort_function": lambda: function.run(None, inputs),
     }
+    if native:
+        run = _native_route(op_name, dtype, I, H, attrs, model, inputs,
+                            _no_spinning(onnxruntime))
+        if run is not None:
+            routes["ort_native"] = run
     result = _median_ms(routes, repeat)
     base = result["raw_ops"]
     print(f"{op_name} {dtype} T={T} B={B} I={I} H={H} use_peephole={use_peephole}, "

@@ -1,0 +1,622 @@
+// A native ONNX Runtime custom-op library running lstm_tvm exports (no Python at run time).
+//
+// ONNX Runtime loads it with SessionOptions.register_custom_ops_library (C API:
+// RegisterCustomOpsLibrary_V2) and calls RegisterCustomOps below, which reads the session config
+// entry "lstm_tvm.export_dirs" (export folders written by `lstm-tvm export`, separated by ':'),
+// loads each folder's lstm_tvm_ops.so with TVM's runtime and registers, in the domain
+// LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN, defined on the compiler's command line), one op
+// per (op, dtype) found in the manifests. Everything about an op (inputs, outputs, dtypes,
+// shapes, the baked attributes) comes from the manifests, which lstm_tvm writes from its
+// registry: nothing is restated here.
+//
+// A node's kernel is created for the exports of its (op, dtype) whose attributes equal the
+// node's (every attribute of the export must be on the node: lstm_tvm.onnx.make_node writes
+// them all); a call picks the export whose static dims (I, H) match its inputs. Inputs and
+// outputs are passed to the TVM function in place as DLTensors (zero copies) when their data
+// is 64-byte aligned, which is what the kernels need and what ONNX Runtime's CPU allocator
+// gives; a misaligned buffer (e.g. a NumPy array fed from Python) is copied through an aligned
+// one, counted by lstm_tvm_ort_copy_count(). Every failure (no matching export, a missing or
+// mistyped attribute, a wrong rank or shape, seq_len_max outside [0, T], a TVM error) is an
+// OrtStatus: ONNX Runtime raises it, nothing aborts.
+//
+// Headers: ONNX Runtime's onnxruntime_c_api.h (C API only; any ORT_API_VERSION up to the
+// runtime's, the C API is backward compatible) and tvm-ffi's. Libraries: libtvm_runtime.so
+// (--no-as-needed: the kernels call its thread pool) and libtvm_ffi.so; not libonnxruntime.
+// lstm_tvm.onnx.native.build_command() prints the g++ line.
+
+#include <dlpack/dlpack.h>
+#include <onnxruntime_c_api.h>
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/container/map.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/json.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifndef LSTM_TVM_ORT_DOMAIN
+#error "define LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN), e.g. -DLSTM_TVM_ORT_DOMAIN='\"org.lstm_tvm\"'"
+#endif
+
+namespace ffi = tvm::ffi;
+using JsonObject = ffi::Map<ffi::Any, ffi::Any>;
+using JsonArray = ffi::Array<ffi::Any>;
+
+namespace {
+
+constexpr const char* kConfigKey = "lstm_tvm.export_dirs";
+constexpr size_t kAlignment = 64;  // TVM's allocation alignment; the kernels assume it
+
+const OrtApi* g_api = nullptr;
+std::atomic<int64_t> g_copies{0};
+
+// An error that becomes an OrtStatus with this code.
+struct OrtError : std::runtime_error {
+  OrtErrorCode code;
+  OrtError(OrtErrorCode c, const std::string& msg) : std::runtime_error(msg), code(c) {}
+};
+
+[[noreturn]] void Fail(const std::string& msg, OrtErrorCode code = ORT_INVALID_ARGUMENT) {
+  throw OrtError(code, msg);
+}
+
+// Turn an OrtStatus from an API call into an OrtError (and release it).
+void Check(OrtStatus* status, const std::string& what) {
+  if (status == nullptr) return;
+  std::string msg = what + ": " + g_api->GetErrorMessage(status);
+  OrtErrorCode code = g_api->GetErrorCode(status);
+  g_api->ReleaseStatus(status);
+  throw OrtError(code, msg);
+}
+
+// Run fn, converting any exception into an OrtStatus (nothing may cross the C boundary).
+template <typename Fn>
+OrtStatus* Guard(const char* where, Fn&& fn) noexcept {
+  try {
+    fn();
+    return nullptr;
+  } catch (const OrtError& err) {
+    return g_api->CreateStatus(err.code, (std::string(where) + ": " + err.what()).c_str());
+  } catch (const std::exception& err) {  // tvm::ffi::Error derives from std::exception
+    return g_api->CreateStatus(ORT_FAIL, (std::string(where) + ": " + err.what()).c_str());
+  } catch (...) {
+    return g_api->CreateStatus(ORT_FAIL, (std::string(where) + ": unknown error").c_str());
+  }
+}
+
+std::string Str(const ffi::Any& v) { return std::string(v.cast<ffi::String>()); }
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) Fail("cannot open " + path, ORT_NO_SUCHFILE);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// --- the manifests ---------------------------------------------------------------------------
+
+struct Dim {  // a static size, or a symbol ("T", "B") bound from the inputs
+  int64_t value = 0;
+  std::string symbol;
+};
+
+struct Param {
+  std::string name;
+  bool input = true, scalar = false;
+  DLDataType dtype{};
+  ONNXTensorElementDataType ort_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::vector<Dim> shape;
+  bool has_range = false;
+  Dim lo, hi;
+};
+
+struct Attr {  // an attribute baked into an export: bools are ONNX INT, floats ONNX FLOAT
+  std::string name;
+  bool is_bool = false;
+  double value = 0;
+};
+
+struct ExportedOp {
+  std::string op, dtype, dir, function;
+  std::vector<Param> params;
+  std::vector<Attr> attrs;
+  ffi::Function func;
+  std::string Describe() const {
+    std::string s = dir + " (";
+    for (const Param& p : params) {
+      if (!p.input || p.scalar) continue;
+      s += p.name + "[";
+      for (size_t k = 0; k < p.shape.size(); ++k) {
+        s += (k ? "," : "") + (p.shape[k].symbol.empty() ? std::to_string(p.shape[k].value)
+                                                          : p.shape[k].symbol);
+      }
+      s += "] ";
+      break;  // the first tensor input (x) shows I
+    }
+    std::ostringstream values;
+    for (const Attr& a : attrs) {
+      values << a.name << "=";
+      if (a.is_bool) {
+        values << (a.value != 0 ? "true" : "false");
+      } else {
+        values << a.value;
+      }
+      values << " ";
+    }
+    return s + values.str() + ")";
+  }
+};
+
+Dim ParseDim(const ffi::Any& d) {
+  Dim out;
+  if (auto sym = d.try_cast<ffi::String>()) {
+    out.symbol = std::string(*sym);
+  } else {
+    out.value = d.cast<int64_t>();
+  }
+  return out;
+}
+
+void ParseDType(const std::string& name, Param* p) {
+  if (name == "float32") {
+    p->dtype = DLDataType{kDLFloat, 32, 1};
+    p->ort_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  } else if (name == "float16") {
+    p->dtype = DLDataType{kDLFloat, 16, 1};
+    p->ort_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  } else if (name == "int64") {
+    p->dtype = DLDataType{kDLInt, 64, 1};
+    p->ort_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  } else {
+    Fail("unsupported dtype " + name + " in a manifest");
+  }
+}
+
+Attr ParseAttr(const std::string& name, const ffi::Any& v) {
+  Attr a;
+  a.name = name;
+  if (auto b = v.as<bool>()) {
+    a.is_bool = true;
+    a.value = *b ? 1 : 0;
+  } else if (auto f = v.as<double>()) {
+    a.value = *f;
+  } else if (auto i = v.as<int64_t>()) {
+    a.value = static_cast<double>(*i);
+  } else {
+    Fail("attribute " + name + ": unsupported manifest value");
+  }
+  return a;
+}
+
+// Loaded libraries, by folder; kept for the life of the process (kernels point into them).
+std::mutex g_mutex;
+std::map<std::string, std::vector<std::shared_ptr<const ExportedOp>>> g_loaded;
+
+std::vector<std::shared_ptr<const ExportedOp>> LoadExport(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto found = g_loaded.find(dir);
+  if (found != g_loaded.end()) return found->second;
+  JsonObject manifest;
+  try {
+    manifest = ffi::json::Parse(ReadText(dir + "/manifest.json")).cast<JsonObject>();
+  } catch (const OrtError&) {
+    throw;
+  } catch (const std::exception& err) {
+    Fail(dir + "/manifest.json: " + err.what());
+  }
+  if (Str(manifest.at("format")) != "lstm_tvm.export" ||
+      manifest.at("format_version").cast<int64_t>() != 1) {
+    Fail(dir + ": not an lstm_tvm export of format version 1");
+  }
+  ffi::Module mod = ffi::Module::LoadFromFile(dir + "/" + Str(manifest.at("library")));
+  std::vector<std::shared_ptr<const ExportedOp>> ops;
+  for (const auto& kv : manifest.at("ops").cast<JsonObject>()) {
+    auto op = std::make_shared<ExportedOp>();
+    op->op = Str(kv.first);
+    op->dtype = Str(manifest.at("dtype"));
+    op->dir = dir;
+    JsonObject entry = kv.second.cast<JsonObject>();
+    op->function = Str(entry.at("function"));
+    ffi::Optional<ffi::Function> func = mod->GetFunction(ffi::String(op->function));
+    if (!func.has_value()) Fail(dir + ": function " + op->function + " missing from the library");
+    op->func = *func;
+    for (const auto& a : entry.at("attrs").cast<JsonObject>()) {
+      op->attrs.push_back(ParseAttr(Str(a.first), a.second));
+    }
+    for (const ffi::Any& item : entry.at("params").cast<JsonArray>()) {
+      JsonObject p = item.cast<JsonObject>();
+      Param param;
+      param.name = Str(p.at("name"));
+      param.input = Str(p.at("role")) == "input";
+      param.scalar = Str(p.at("kind")) == "scalar";
+      ParseDType(Str(p.at("dtype")), &param);
+      for (const ffi::Any& d : p.at("shape").cast<JsonArray>()) param.shape.push_back(ParseDim(d));
+      if (auto range = p.Get(ffi::String("range"))) {
+        JsonArray bounds = range->cast<JsonArray>();
+        param.has_range = true;
+        param.lo = ParseDim(bounds[0]);
+        param.hi = ParseDim(bounds[1]);
+      }
+      op->params.push_back(std::move(param));
+    }
+    ops.push_back(std::move(op));
+  }
+  g_loaded[dir] = ops;
+  return ops;
+}
+
+// --- one call --------------------------------------------------------------------------------
+
+using Dims = std::map<std::string, int64_t>;
+
+int64_t Resolve(const Dim& d, const Dims& dims) {
+  return d.symbol.empty() ? d.value : dims.at(d.symbol);
+}
+
+std::string ShapeStr(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t k = 0; k < shape.size(); ++k) s += (k ? ", " : "") + std::to_string(shape[k]);
+  return s + "]";
+}
+
+// An input as ONNX Runtime hands it over.
+struct Input {
+  const OrtValue* value = nullptr;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  std::vector<int64_t> shape;
+  void* data = nullptr;
+};
+
+// Bind T and B from the inputs and check every static dim; "" if they fit, else why not.
+std::string BindDims(const ExportedOp& op, const std::vector<Input>& inputs, Dims* dims) {
+  size_t k = 0;
+  for (const Param& p : op.params) {
+    if (!p.input) continue;
+    const Input& in = inputs[k++];
+    if (in.type != p.ort_type) return "input " + p.name + ": wrong element type";
+    if (in.shape.size() != p.shape.size()) {
+      return "input " + p.name + ": expected rank " + std::to_string(p.shape.size()) +
+             ", got shape " + ShapeStr(in.shape);
+    }
+    for (size_t a = 0; a < p.shape.size(); ++a) {
+      const Dim& want = p.shape[a];
+      if (want.symbol.empty()) {
+        if (want.value != in.shape[a]) {
+          return "input " + p.name + ": expected dim " + std::to_string(a) + " = " +
+                 std::to_string(want.value) + ", got shape " + ShapeStr(in.shape);
+        }
+        continue;
+      }
+      auto it = dims->emplace(want.symbol, in.shape[a]).first;
+      if (it->second != in.shape[a]) {
+        return "input " + p.name + ": dim " + std::to_string(a) + " (" + want.symbol + ") is " +
+               std::to_string(in.shape[a]) + ", but " + want.symbol + " = " +
+               std::to_string(it->second) + " from an earlier input";
+      }
+    }
+  }
+  return "";
+}
+
+// Aligned scratch memory for a misaligned tensor (and a non-null pointer for empty ones).
+struct Scratch {
+  std::vector<std::unique_ptr<void, decltype(&std::free)>> blocks;
+  void* Get(size_t nbytes) {
+    size_t padded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* p = std::aligned_alloc(kAlignment, padded ? padded : kAlignment);
+    if (p == nullptr) throw std::bad_alloc();
+    blocks.emplace_back(p, &std::free);
+    return p;
+  }
+};
+
+bool Aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kAlignment == 0; }
+
+size_t NumBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
+  size_t n = dtype.bits / 8;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+alignas(kAlignment) char g_empty[kAlignment];  // the data of zero-size tensors
+
+struct Kernel {
+  std::string op_name, node_name;
+  std::vector<std::shared_ptr<const ExportedOp>> candidates;  // same op, dtype and attributes
+
+  void Compute(OrtKernelContext* ctx) const {
+    size_t n_in = 0;
+    Check(g_api->KernelContext_GetInputCount(ctx, &n_in), "input count");
+    std::vector<Input> inputs(n_in);
+    for (size_t k = 0; k < n_in; ++k) {
+      Input& in = inputs[k];
+      Check(g_api->KernelContext_GetInput(ctx, k, &in.value), "input");
+      if (in.value == nullptr) Fail("input " + std::to_string(k) + " is missing");
+      OrtTensorTypeAndShapeInfo* info = nullptr;
+      Check(g_api->GetTensorTypeAndShape(in.value, &info), "input shape");
+      size_t rank = 0;
+      OrtStatus* st = g_api->GetTensorElementType(info, &in.type);
+      if (st == nullptr) st = g_api->GetDimensionsCount(info, &rank);
+      in.shape.resize(rank);
+      if (st == nullptr && rank) st = g_api->GetDimensions(info, in.shape.data(), rank);
+      g_api->ReleaseTensorTypeAndShapeInfo(info);
+      Check(st, "input shape");
+      Check(g_api->GetTensorMutableData(const_cast<OrtValue*>(in.value), &in.data), "input data");
+    }
+    // the export whose static dims (I, H) fit
+    const ExportedOp* op = nullptr;
+    Dims dims;
+    std::string why;
+    for (const auto& c : candidates) {
+      Dims d;
+      std::string reason = BindDims(*c, inputs, &d);
+      if (reason.empty()) {
+        op = c.get();
+        dims = std::move(d);
+        break;
+      }
+      why += "\n  " + c->Describe() + ": " + reason;
+    }
+    if (op == nullptr) Fail("no loaded export fits these inputs:" + why);
+    Run(*op, inputs, dims, ctx);
+  }
+
+  void Run(const ExportedOp& op, const std::vector<Input>& inputs, const Dims& dims,
+           OrtKernelContext* ctx) const {
+    std::vector<DLTensor> tensors(op.params.size());
+    std::vector<std::vector<int64_t>> shapes(op.params.size());
+    std::vector<ffi::AnyView> args(op.params.size());
+    std::vector<std::pair<void*, const DLTensor*>> copy_back;  // (ORT output, aligned scratch)
+    Scratch scratch;
+    size_t k_in = 0, k_out = 0;
+    for (size_t k = 0; k < op.params.size(); ++k) {
+      const Param& p = op.params[k];
+      void* data = nullptr;
+      if (p.input) {
+        const Input& in = inputs[k_in++];
+        shapes[k] = in.shape;
+        data = in.data;
+        if (p.scalar) {
+          int64_t value;
+          std::memcpy(&value, data, sizeof(value));
+          if (p.has_range) {
+            int64_t lo = Resolve(p.lo, dims), hi = Resolve(p.hi, dims);
+            if (value < lo || value > hi) {
+              Fail("input " + p.name + ": expected " + std::to_string(lo) + " <= " + p.name +
+                   " <= " + std::to_string(hi) + ", got " + std::to_string(value));
+            }
+          }
+          args[k] = value;  // by value, as an int64
+          continue;
+        }
+        size_t nbytes = NumBytes(shapes[k], p.dtype);
+        if (nbytes == 0) {
+          data = g_empty;
+        } else if (!Aligned(data)) {
+          void* copy = scratch.Get(nbytes);
+          std::memcpy(copy, data, nbytes);
+          data = copy;
+          ++g_copies;
+        }
+      } else {
+        for (const Dim& d : p.shape) shapes[k].push_back(Resolve(d, dims));
+        OrtValue* value = nullptr;
+        Check(g_api->KernelContext_GetOutput(ctx, k_out++, shapes[k].data(), shapes[k].size(),
+                                             &value),
+              "output " + p.name);
+        Check(g_api->GetTensorMutableData(value, &data), "output data");
+        size_t nbytes = NumBytes(shapes[k], p.dtype);
+        if (nbytes == 0) {
+          data = g_empty;
+        } else if (!Aligned(data)) {
+          void* out = data;
+          data = scratch.Get(nbytes);
+          copy_back.emplace_back(out, &tensors[k]);
+          ++g_copies;
+        }
+      }
+      DLTensor& t = tensors[k];
+      t.data = data;
+      t.device = DLDevice{kDLCPU, 0};
+      t.ndim = static_cast<int32_t>(shapes[k].size());
+      t.dtype = p.dtype;
+      t.shape = shapes[k].data();
+      t.strides = nullptr;
+      t.byte_offset = 0;
+      args[k] = &t;
+    }
+    ffi::Any result;
+    op.func.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
+    for (const auto& [dst, t] : copy_back) {
+      std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+      std::memcpy(dst, t->data, NumBytes(shape, t->dtype));
+    }
+  }
+};
+
+// --- the custom ops --------------------------------------------------------------------------
+
+// One registered op: an op type for one dtype, served by the exports that hold it.
+struct LstmOp : OrtCustomOp {
+  std::string name;
+  std::vector<ONNXTensorElementDataType> input_types, output_types;
+  std::vector<std::shared_ptr<const ExportedOp>> exports;
+
+  explicit LstmOp(const ExportedOp& first) : OrtCustomOp{} {
+    name = first.op;
+    for (const Param& p : first.params) (p.input ? input_types : output_types).push_back(p.ort_type);
+    version = ORT_API_VERSION;
+    GetName = [](const OrtCustomOp* op) { return Self(op)->name.c_str(); };
+    GetExecutionProviderType = [](const OrtCustomOp*) -> const char* { return nullptr; };
+    GetInputTypeCount = [](const OrtCustomOp* op) { return Self(op)->input_types.size(); };
+    GetInputType = [](const OrtCustomOp* op, size_t k) { return Self(op)->input_types[k]; };
+    GetOutputTypeCount = [](const OrtCustomOp* op) { return Self(op)->output_types.size(); };
+    GetOutputType = [](const OrtCustomOp* op, size_t k) { return Self(op)->output_types[k]; };
+    GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+    GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+    GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
+    GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+    GetStartVersion = [](const OrtCustomOp*) { return 1; };
+    GetEndVersion = [](const OrtCustomOp*) { return 2147483647; };
+    KernelDestroy = [](void* kernel) { delete static_cast<Kernel*>(kernel); };
+    CreateKernelV2 = [](const OrtCustomOp* op, const OrtApi*, const OrtKernelInfo* info,
+                        void** kernel) -> OrtStatusPtr {
+      *kernel = nullptr;
+      return Guard(Self(op)->name.c_str(), [&] { *kernel = Self(op)->Create(info); });
+    };
+    KernelComputeV2 = [](void* kernel, OrtKernelContext* ctx) -> OrtStatusPtr {
+      auto* k = static_cast<Kernel*>(kernel);
+      std::string where = k->op_name + " (node " + k->node_name + ")";
+      return Guard(where.c_str(), [&] { k->Compute(ctx); });
+    };
+  }
+
+  static const LstmOp* Self(const OrtCustomOp* op) { return static_cast<const LstmOp*>(op); }
+
+  // The node's attribute `a.name` as the export stores it; why not, if it is absent or mistyped.
+  static std::string NodeAttr(const OrtKernelInfo* info, const Attr& a, double* value) {
+    OrtStatus* st;
+    if (a.is_bool) {
+      int64_t v = 0;
+      st = g_api->KernelInfoGetAttribute_int64(info, a.name.c_str(), &v);
+      if (st == nullptr && v != 0 && v != 1) {
+        return "attribute " + a.name + ": expected 0 or 1, got " + std::to_string(v);
+      }
+      *value = static_cast<double>(v);
+    } else {
+      float v = 0;
+      st = g_api->KernelInfoGetAttribute_float(info, a.name.c_str(), &v);
+      *value = v;
+    }
+    if (st == nullptr) return "";
+    std::string msg = g_api->GetErrorMessage(st);
+    g_api->ReleaseStatus(st);
+    return "attribute " + a.name + " (" + (a.is_bool ? "INT 0/1" : "FLOAT") +
+           ", required on the node): " + msg;
+  }
+
+  Kernel* Create(const OrtKernelInfo* info) const {
+    auto kernel = std::make_unique<Kernel>();
+    kernel->op_name = name;
+    size_t size = 0;
+    if (g_api->KernelInfo_GetNodeName(info, nullptr, &size) == nullptr && size > 1) {
+      std::string node(size, '\0');
+      if (g_api->KernelInfo_GetNodeName(info, node.data(), &size) == nullptr) {
+        kernel->node_name = node.c_str();
+      }
+    }
+    std::string why;
+    for (const auto& e : exports) {
+      std::string reason;
+      for (const Attr& a : e->attrs) {
+        double v = 0;
+        reason = NodeAttr(info, a, &v);
+        if (!reason.empty()) Fail("node " + kernel->node_name + ": " + reason);
+        // the export's value as the node's type would hold it (FLOAT is float32)
+        double want = a.is_bool ? a.value : static_cast<double>(static_cast<float>(a.value));
+        if (v != want) {
+          std::ostringstream msg;
+          msg << a.name << " is " << v << " on the node";
+          reason = msg.str();
+          break;
+        }
+      }
+      if (reason.empty()) {
+        kernel->candidates.push_back(e);
+      } else {
+        why += "\n  " + e->Describe() + ": " + reason;
+      }
+    }
+    if (kernel->candidates.empty()) {
+      Fail("node " + kernel->node_name + ": no loaded export has this node's attributes:" + why);
+    }
+    return kernel.release();
+  }
+};
+
+std::string ConfigEntry(const OrtSessionOptions* options) {
+  int has = 0;
+  Check(g_api->HasSessionConfigEntry(options, kConfigKey, &has), "config");
+  if (!has) {
+    Fail(std::string("set the session config entry ") + kConfigKey +
+         " (export folders separated by ':') before registering this library");
+  }
+  size_t size = 0;
+  Check(g_api->GetSessionConfigEntry(options, kConfigKey, nullptr, &size), "config");
+  std::string value(size, '\0');
+  Check(g_api->GetSessionConfigEntry(options, kConfigKey, value.data(), &size), "config");
+  return value.c_str();
+}
+
+// Ops and domains live as long as the process: sessions keep pointers to them.
+std::vector<std::unique_ptr<LstmOp>> g_ops;
+
+void Register(OrtSessionOptions* options) {
+  std::string dirs = ConfigEntry(options);
+  std::map<std::pair<std::string, std::string>, std::unique_ptr<LstmOp>> ops;  // (op, dtype)
+  std::stringstream ss(dirs);
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    if (dir.empty()) continue;
+    for (const auto& e : LoadExport(dir)) {
+      auto& op = ops[{e->op, e->dtype}];
+      if (!op) op = std::make_unique<LstmOp>(*e);
+      op->exports.push_back(e);
+    }
+  }
+  if (ops.empty()) Fail(std::string(kConfigKey) + " names no export folder: '" + dirs + "'");
+  OrtCustomOpDomain* domain = nullptr;
+  Check(g_api->CreateCustomOpDomain(LSTM_TVM_ORT_DOMAIN, &domain), "domain");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (auto& kv : ops) {
+    Check(g_api->CustomOpDomain_Add(domain, kv.second.get()), "op " + kv.first.first);
+    g_ops.push_back(std::move(kv.second));
+  }
+  Check(g_api->AddCustomOpDomain(options, domain), "domain");
+}
+
+}  // namespace
+
+extern "C" {
+
+// Called by ONNX Runtime when the library is registered on a SessionOptions.
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) {  // an ONNX Runtime older than these headers: report with its own API
+    const OrtApi* old = api_base->GetApi(1);
+    std::string msg = std::string("lstm_tvm ORT library: built for ORT_API_VERSION ") +
+                      std::to_string(ORT_API_VERSION) + ", the runtime is " +
+                      api_base->GetVersionString();
+    return old ? old->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  g_api = api;
+  return Guard("lstm_tvm ORT library", [&] { Register(options); });
+}
+
+// How many tensors were copied through an aligned buffer (misaligned data) since loading.
+__attribute__((visibility("default"))) int64_t lstm_tvm_ort_copy_count() { return g_copies; }
+
+// The ORT_API_VERSION of the headers this library was built with.
+__attribute__((visibility("default"))) int32_t lstm_tvm_ort_api_version() {
+  return ORT_API_VERSION;
+}
+
+}  // extern "C"

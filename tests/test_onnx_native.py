@@ -1,0 +1,160 @@
+"""The native ONNX Runtime route: examples/ort's C++ custom-op library running lstm_tvm exports.
+
+The library is built with g++ against ONNX Runtime 1.29's official C API header (fetched and
+hash-checked by :func:`lstm_tvm.onnx.native.ort_include_dir`) and run by onnxruntime 1.31; every
+result is checked against TF (defined elements) and the float64 reference, float32 and float16.
+Errors of this route are exercised in tests/test_robustness_ort.py.
+"""
+
+import numpy as np
+import pytest
+
+from lstm_tvm import onnx as lo
+from lstm_tvm import reference, testing
+from lstm_tvm.registry import OPS
+
+ort = pytest.importorskip("onnxruntime", reason="the native route runs in onnxruntime")
+from lstm_tvm.export import export
+from lstm_tvm.onnx import native
+
+T, B, I, H = 5, 3, 4, 6
+OPS_EXPORTED = ["LSTMBlockCell", "LSTMBlockCellGrad", "BlockLSTMV2", "BlockLSTMGradV2"]
+PEEPHOLE = {"use_peephole": True}
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The built library (skips when no compiler or no header source is available)."""
+    try:
+        return native.build_library()
+    except FileNotFoundError as err:  # no g++, no npm, or npm could not fetch the headers
+        pytest.skip(f"cannot build examples/ort: {err}")
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """Export folders: float32 and float16 with peephole on; float32 BlockLSTMV2 without
+    peephole at I+1 (selected by attributes and by dims)."""
+    root = tmp_path_factory.mktemp("exports")
+    for name, dtype in (("f32", "float32"), ("f16", "float16")):
+        export(root / name, OPS_EXPORTED, dtype=dtype, input_size=I, cell_size=H, attrs=PEEPHOLE,
+               onnx=False, progress=False)
+    export(root / "f32_wide", ["BlockLSTMV2"], dtype="float32", input_size=I + 1, cell_size=H,
+           attrs={"use_peephole": False}, onnx=False, progress=False)
+    return {p.name: p for p in root.iterdir()}
+
+
+def _session(model, library, exports, names=("f32", "f16")):
+    options = native.session_options([exports[n] for n in names], library=library)
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+
+
+def _run(session, inputs, align=True):
+    feeds = {i.name: (native.aligned_copy(inputs[i.name]) if align else inputs[i.name])
+             for i in session.get_inputs()}
+    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+
+
+def _tol(dtype):
+    (r1, a1), (r2, a2) = testing.tolerance(dtype), testing.tf_tolerance(dtype)
+    return (r1 + r2, a1 + a2)
+
+
+def _check(op_name, out, ref, tf, dtype, seq_len_max=None):
+    for name in OPS[op_name].output_names:
+        label = f"{op_name}.{name} ({dtype})"
+        assert out[name].dtype == np.dtype(dtype) and out[name].shape == ref[name].shape, label
+        testing.assert_close(out[name], ref[name], dtype, label)
+        mask = testing.tf_defined_mask(op_name, name, seq_len_max, T)
+        testing.assert_close(out[name], tf[name], dtype, label + " vs TF", mask=mask,
+                             tol=_tol(dtype))
+
+
+def _check_pair(fwd_name, out, inputs, dtype, seq_len_max=None):
+    """The forward's and the grad's outputs against TF's two ops chained and the reference."""
+    fwd, bwd = OPS[fwd_name], OPS[OPS[fwd_name].pair]
+    fwd_in = {k: inputs[k] for k in fwd.input_names}
+    tf_fwd = testing.tf_run(fwd.name, fwd_in, PEEPHOLE)
+    ref_fwd = reference.run(fwd.name, fwd_in, PEEPHOLE)
+    _check(fwd.name, out, ref_fwd, tf_fwd, dtype, seq_len_max)
+    # the grad's inputs: the forward's outputs as stored (rounded to dtype), resp. TF's
+    stored = {k: v.astype(dtype) for k, v in ref_fwd.items() if k in bwd.input_names}
+    ref_bwd = reference.run(bwd.name, {**inputs, **stored}, PEEPHOLE)
+    tf_stored = {k: v for k, v in tf_fwd.items() if k in bwd.input_names}
+    tf_bwd = testing.tf_run(bwd.name, {**inputs, **tf_stored}, PEEPHOLE)
+    _check(bwd.name, out, ref_bwd, tf_bwd, dtype, seq_len_max)
+
+
+def test_headers_are_pinned_and_older_than_the_runtime(library):
+    folder = native.ort_include_dir(fetch=False)
+    assert native._headers_ok(folder)
+    runtime_api = int(ort.__version__.split(".")[1])  # ORT 1.N serves C API versions <= N
+    assert native.api_version(library) == native.ORT_HEADERS_API_VERSION <= runtime_api
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("seq_len_max", [T, T - 2])
+def test_block_lstm_v2_forward_backward_matches_tf(library, exports, dtype, seq_len_max, tf):
+    """BlockLSTMV2 feeding BlockLSTMGradV2 natively; 64-byte aligned feeds: no copies at all."""
+    model = lo.make_forward_backward_model("BlockLSTMV2", dtype, input_size=I, cell_size=H,
+                                           attrs=PEEPHOLE, with_functions=False)
+    inputs = testing.make_inputs("BlockLSTMGradV2", dtype=dtype, B=B, I=I, H=H, T=T,
+                                 seq_len_max=seq_len_max, attrs=PEEPHOLE, seed=seq_len_max)
+    session = _session(model, library, exports)
+    copies = native.copy_count(library)
+    out = _run(session, inputs)
+    assert native.copy_count(library) == copies  # every tensor passed in place
+    _check_pair("BlockLSTMV2", out, inputs, dtype, seq_len_max)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cell_forward_backward_matches_tf(library, exports, dtype, tf):
+    model = lo.make_forward_backward_model("LSTMBlockCell", dtype, input_size=I, cell_size=H,
+                                           attrs=PEEPHOLE, with_functions=True)  # native wins
+    inputs = testing.make_inputs("LSTMBlockCellGrad", dtype=dtype, B=B, I=I, H=H,
+                                 attrs=PEEPHOLE, seed=3)
+    copies = native.copy_count(library)
+    out = _run(_session(model, library, exports), inputs, align=False)
+    assert native.copy_count(library) > copies  # NumPy's own buffers: some are misaligned
+    _check_pair("LSTMBlockCell", out, inputs, dtype)
+
+
+def test_export_chosen_by_attributes_and_dims(library, exports):
+    """use_peephole=0 with I+1 runs on the f32_wide export; the same node at I fits no export
+    (run-time error); a cell_clip no export has fails at session creation."""
+    attrs = {"use_peephole": False}
+    inputs = testing.make_inputs("BlockLSTMV2", B=B, I=I + 1, H=H, T=T, attrs=attrs, seed=4)
+    model = lo.make_model("BlockLSTMV2", "float32", input_size=I + 1, cell_size=H, attrs=attrs,
+                          with_functions=False)
+    session = _session(model, library, exports, names=("f32", "f32_wide"))
+    out = _run(session, inputs)
+    for name, expected in reference.run("BlockLSTMV2", inputs, attrs).items():
+        testing.assert_close(out[name], expected, "float32", name)
+    narrow = lo.make_model("BlockLSTMV2", "float32", input_size=I, cell_size=H, attrs=attrs,
+                           with_functions=False)
+    session = _session(narrow, library, exports, names=("f32", "f32_wide"))
+    inputs = testing.make_inputs("BlockLSTMV2", B=B, I=I, H=H, T=T, attrs=attrs, seed=4)
+    with pytest.raises(Exception, match="no loaded export fits these inputs"):
+        _run(session, inputs)
+    clipped = lo.make_model("BlockLSTMV2", "float32", input_size=I, cell_size=H,
+                            attrs={"use_peephole": True, "cell_clip": 0.5}, with_functions=False)
+    with pytest.raises(Exception, match="no loaded export has this node's attributes"):
+        _session(clipped, library, exports)
+
+
+def test_registration_errors_raise(library, exports, tmp_path):
+    with pytest.raises(ValueError, match="export_dirs"):  # checked in Python first
+        native.session_options([tmp_path], library=library)
+    options = ort.SessionOptions()  # the library itself: no config entry, a broken folder
+    with pytest.raises(Exception, match=native.CONFIG_EXPORT_DIRS):
+        options.register_custom_ops_library(str(library))
+    options.add_session_config_entry(native.CONFIG_EXPORT_DIRS, str(tmp_path))
+    with pytest.raises(Exception, match="manifest.json"):
+        options.register_custom_ops_library(str(library))
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(pytest.main([__file__]))
