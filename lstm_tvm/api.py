@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import numbers
 
 import numpy as np
 
 from . import build as _build
-from ._args import bind_inputs
-from ._tvm import configure_threads, device_for, resolve_target, tvm
+from ._args import AliasGuard, bind_inputs, kernel_error, out_list
+from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
+                   resolve_target, tvm)
 from .registry import DTYPES, OPS, get_op
 from .validation import (check_seq_len_max, expected_output_shapes, validate_attrs,
                          validate_inputs)
@@ -31,8 +33,9 @@ class CompiledOp:
 
     Call it with the op's inputs as TVM tensors on :attr:`device` (positionally in TF's order,
     or by TF's keyword names); ``T`` and ``B`` may change from call to call. Outputs are
-    allocated unless given as ``out=`` (a sequence in TF's output order). Inputs are checked
-    like ``raw_ops`` before the kernel runs.
+    allocated unless given as ``out=`` (a sequence in TF's output order whose tensors share
+    memory with no other output and no input, else ``ValueError``). Inputs are checked like
+    ``raw_ops`` before the kernel runs.
     """
 
     def __init__(self, spec: _build.BuildSpec, device=None):
@@ -42,9 +45,17 @@ class CompiledOp:
         self.device = device if device is not None else device_for(self.target)
         if self.device.dlpack_device_type() == 1:  # CPU
             configure_threads()
-        self.module = _build.get_module(spec)
-        self.func = self.module[spec.func_name]
+        if device_exists(self.device):
+            self.module = _build.get_module(spec)
+            self.func = self.module[spec.func_name]
+        else:  # e.g. CUDA without a GPU: build (errors surface now); calling raises
+            _build.build(spec)
+            self.module = self.func = None
         self._tensors = tuple(n for n in self.op.input_names if n != "seq_len_max")
+        self._names = frozenset(self.op.input_names)
+        self._no_alias = AliasGuard(self.op.name, np.dtype(spec.dtype).itemsize)
+        self._roles = {**dict.fromkeys(self.op.input_names, "input"),
+                       **dict.fromkeys(self.op.output_names, "output")}
         self._checked: dict[tuple, tuple[dict, dict]] = {}  # shapes and dtypes -> sizes, outputs
 
     @property
@@ -58,26 +69,34 @@ class CompiledOp:
 
     def __call__(self, *args, out=None, **kwargs):
         """Run the op; returns a named tuple of TVM tensors (``out`` when given)."""
+        if self.func is None:
+            raise missing_device_error(self.op.name, self.device, self.target)
         inputs = bind_inputs(self.op.name, self.op.input_names, args, kwargs)
         sizes, shapes = self._check(inputs)
         outputs = self._outputs(shapes, out)
         args = [inputs[n] for n in self._tensors]
+        if out is not None:  # outputs allocated here share memory with nothing
+            self._no_alias(dict(zip(self._tensors, args)), dict(zip(shapes, outputs)))
         if self.op.kind == "sequence":
             args.insert(0, check_seq_len_max(self.op, inputs["seq_len_max"], sizes["T"]))
         if sizes["B"] == 0 or sizes.get("T", 1) == 0:  # nothing to compute: every output is zero
             for tensor in outputs:
                 tensor.copyfrom(np.zeros(tuple(tensor.shape), self.spec.dtype))
         else:
-            self.func(*args, *outputs)
+            try:
+                self.func(*args, *outputs)
+            except ValueError as err:  # the kernel's own argument checks
+                raise kernel_error(self.op.name, err, self._roles) from err
         return output_tuple(self.op.name)(*outputs)
 
     def _check(self, inputs: dict) -> tuple[dict, dict]:
         """Validate ``inputs`` (fully the first time a set of shapes and dtypes is seen)."""
-        try:
-            key = tuple((tuple(inputs[n].shape), str(inputs[n].dtype)) for n in self._tensors)
+        try:  # the type is part of the key: only TVM tensors are ever cached
+            key = tuple((type(inputs[n]), tuple(inputs[n].shape), str(inputs[n].dtype))
+                        for n in self._tensors)
         except (KeyError, AttributeError, TypeError):
             key = None  # the full check below names what is wrong
-        if key is not None and len(inputs) == len(self.op.input_names) and key in self._checked:
+        if key is not None and inputs.keys() == self._names and key in self._checked:
             return self._checked[key]
         sig = validate_inputs(self.op, inputs)
         for name in self._tensors:
@@ -102,9 +121,7 @@ class CompiledOp:
     def _outputs(self, shapes: dict, out):
         if out is None:
             return [tvm.runtime.empty(s, self.spec.dtype, self.device) for s in shapes.values()]
-        out = list(out)
-        if len(out) != len(shapes):
-            raise TypeError(f"{self.op.name}: out= needs {len(shapes)} tensors, got {len(out)}")
+        out = out_list(self.op.name, out, len(shapes))
         for (name, shape), tensor in zip(shapes.items(), out):
             if not isinstance(tensor, tvm.runtime.Tensor):
                 raise TypeError(f"{self.op.name}: out= entry {name!r} expected a "
@@ -126,20 +143,24 @@ def compile(op_name: str, *, target="llvm", dtype: str = "float32", input_size: 
         ``LSTMBlockCell``, ``LSTMBlockCellGrad``, ``BlockLSTM``, ``BlockLSTMGrad``,
         ``BlockLSTMV2`` or ``BlockLSTMGradV2``.
     target : str, dict or tvm.target.Target
-        ``"llvm"`` (this host's CPU), a target JSON dict, or a ``Target``.
+        ``"llvm"`` (this host's CPU), ``"cuda"`` (the local GPU's architecture, else
+        ``sm_80``), a target JSON dict (``{"kind": "cuda", "arch": "sm_90"}``), or a ``Target``.
     dtype : str
         ``"float32"`` or ``"float16"``.
     input_size, cell_size : int
-        ``I`` and ``H``; time and batch sizes stay dynamic.
+        ``I`` and ``H`` (a Python or NumPy integer >= 1, not ``bool``); time and batch sizes
+        stay dynamic.
+    device : tvm.runtime.Device, optional
+        Where it runs (default: device 0 of the target's kind, e.g. ``tvm.cuda(0)``). Without
+        that device the op is still built, and calling it raises ``RuntimeError``.
     **attrs
         The op's attributes (TF's names and defaults, e.g. ``forget_bias``, ``use_peephole``).
     """
     op = _checked_op(op_name)
     if dtype not in DTYPES:
         raise TypeError(f"{op_name}: dtype expected one of {list(DTYPES)}, got {dtype!r}")
-    for name, value in (("input_size", input_size), ("cell_size", cell_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{op_name}: {name} expected an int >= 1, got {value!r}")
+    input_size = _size_arg(op_name, "input_size", input_size)
+    cell_size = _size_arg(op_name, "cell_size", cell_size)
     full = validate_attrs(op, attrs)
     try:
         resolved = resolve_target(target)
@@ -149,6 +170,18 @@ def compile(op_name: str, *, target="llvm", dtype: str = "float32", input_size: 
             f"({type(err).__name__}: {str(err).splitlines()[0]})") from err
     spec = _build.make_spec(op.name, dtype, input_size, cell_size, full, resolved)
     return CompiledOp(spec, device)
+
+
+def _size_arg(op_name: str, name: str, value) -> int:
+    """``input_size``/``cell_size`` as a Python int: any integer (``int``, NumPy integers; not
+    ``bool``) >= 1."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral,
+                                                                     np.integer)):
+        raise TypeError(f"{op_name}: {name} expected an int >= 1, got "
+                        f"{type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{op_name}: {name} expected an int >= 1, got {int(value)}")
+    return int(value)
 
 
 def _checked_op(op_name):

@@ -29,7 +29,8 @@ Inputs (:func:`validate_inputs`)
        multiple of 4, a ``w`` with the wrong row count, activations shorter than ``T``, ...
     7. ``0 <= seq_len_max <= T`` (``ValueError``), compared as Python ints (no overflow).
     8. No input, output or internal stacked tensor (``(T*B, I+H)``, ``(T*B, 4H)``) may have
-       ``2**31`` or more elements (``ValueError``): the kernels assume 32-bit-safe indexing.
+       ``2**31`` or more elements (``ValueError`` naming the tensor and the sizes): the kernels'
+       index arithmetic is 64-bit, but no run that large has been verified (:data:`MAX_ELEMENTS`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,20 @@ from .registry import DTYPES, OpSpec, eval_dim
 
 __all__ = ["Signature", "validate_attrs", "validate_inputs", "expected_output_shapes"]
 
-#: Tensors with this many elements or more are rejected (32-bit-safe indexing).
+#: Tensors with this many elements or more are refused (rule 8).
+#:
+#: Checked, and why the refusal stays: the kernels' ``T`` and ``B`` are ``int64`` variables,
+#: and in the lowered TIR (TVM's pipeline as ``tvm.compile`` runs it, after ``NarrowDataType``
+#: and ``MakePackedAPI``) every integer expression computed from ``T``, ``B`` or
+#: ``seq_len_max`` is 64-bit: buffer indices, loop extents (TVM's CPU codegen splits a parallel
+#: loop in its extent's type) and workspace sizes (``uint64``). Nothing can narrow them, since
+#: the sizes are unbounded; ``tests/test_robustness_indexing.py`` checks this for every op and
+#: dtype, with a positive control. DLPack shapes are ``int64`` too. What is not verified is a
+#: run past ``2**31`` elements end to end (TVM's allocator and workspace pool, DLPack import,
+#: the thread pool, the generated vector code, the float64 reference to compare with): the
+#: smallest such call needs ~12 GiB (a float16 ``x`` of ``2**31`` elements plus its float32
+#: ``(T*B, I+H)`` scratch) and no test machine runs it. Lifting the limit means raising this
+#: constant together with a test that makes such a call and checks it against the reference.
 MAX_ELEMENTS = 2**31
 
 #: Which input each size symbol is read from: (input name, dim index).
@@ -277,6 +291,6 @@ def _check_element_counts(op: OpSpec, sizes: Mapping[str, int]) -> None:
             raise ValueError(
                 f"{op.name}: {kind} '{name}' would have shape ({', '.join(dims)}) = {shape}, "
                 f"{math.prod(shape)} elements; expected fewer than 2**31 elements per tensor, "
-                f"got sizes {_fmt(sizes)}: sizes that large are not supported (the kernels "
-                f"use 32-bit-safe indexing)")
+                f"got sizes {_fmt(sizes)}: sizes that large are not supported (not verified "
+                f"end to end)")
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -66,6 +67,99 @@ def test_compile_rejects_bad_arguments():
     other = testing.make_inputs("LSTMBlockCell", B=2, I=4, H=2)
     with pytest.raises(ValueError, match="input .x. gives I=4; this op was compiled for I=3"):
         fn(**{k: tvm.runtime.tensor(v) for k, v in other.items()})
+
+
+@pytest.mark.parametrize("int_type", [np.int64, np.int32, np.uint8])
+def test_compile_accepts_numpy_integer_sizes(int_type):
+    fn = lstm_tvm.compile("LSTMBlockCell", input_size=int_type(3), cell_size=int_type(2))
+    plain = lstm_tvm.compile("LSTMBlockCell", input_size=3, cell_size=2)
+    assert fn.spec == plain.spec and type(fn.spec.input_size) is int  # one cache entry
+    inputs = testing.make_inputs("LSTMBlockCell", B=2, I=3, H=2)
+    out = fn(**_tvm_inputs(inputs, fn.device))
+    testing.assert_close(out.h.numpy(), reference.run("LSTMBlockCell", inputs, {})["h"],
+                         "float32", "h")
+
+
+@pytest.mark.parametrize(("value", "error", "shown"), [
+    (2.0, TypeError, "float 2.0"), (np.float64(2.0), TypeError, "float64"),
+    (True, TypeError, "bool True"), (np.bool_(True), TypeError, "bool"),
+    ("2", TypeError, "str '2'"), (0, ValueError, "0"), (np.int64(-1), ValueError, "-1"),
+], ids=repr)
+def test_compile_refuses_sizes_that_are_not_positive_integers(value, error, shown):
+    with pytest.raises(error, match=f"^LSTMBlockCell: input_size expected an int >= 1, "
+                                    f"got {re.escape(shown)}"):
+        lstm_tvm.compile("LSTMBlockCell", input_size=value, cell_size=2)
+
+
+def _alias_case():
+    """``(fn, inputs as NumPy, inputs as TVM tensors, fresh outputs)`` of BlockLSTMGrad: two
+    outputs and inputs of one shape, ``(B, H)`` (without the check, ``out=`` with one tensor
+    for both ``cs_prev_grad`` and ``h_prev_grad`` returns a wrong ``cs_prev_grad``)."""
+    fn = lstm_tvm.compile("BlockLSTMGrad", input_size=3, cell_size=2, use_peephole=True)
+    inputs = testing.make_inputs("BlockLSTMGrad", B=2, I=3, H=2, T=4, seed=3)
+    args = _tvm_inputs(inputs, fn.device)
+    return fn, inputs, args, list(fn(**args))
+
+
+def test_compiled_op_refuses_the_same_out_tensor_twice():
+    fn, _, args, out = _alias_case()
+    twice = out[:2] + [out[1]] + out[3:]  # h_prev_grad is cs_prev_grad
+    with pytest.raises(ValueError, match="^BlockLSTMGrad: output 'h_prev_grad' shares memory "
+                                         "with output 'cs_prev_grad'"):
+        fn(**args, out=twice)
+
+
+@pytest.mark.parametrize(("output", "input_"), [("cs_prev_grad", "cs_prev"),
+                                                ("h_prev_grad", "h_prev")])
+def test_compiled_op_refuses_an_out_tensor_that_is_an_input(output, input_):
+    fn, inputs, args, out = _alias_case()
+    names = registry.get_op("BlockLSTMGrad").output_names
+    bad = [args[input_] if n == output else t for n, t in zip(names, out)]
+    with pytest.raises(ValueError, match=f"^BlockLSTMGrad: output '{output}' shares memory "
+                                         f"with input '{input_}'"):
+        fn(**args, out=bad)
+    np.testing.assert_array_equal(args[input_].numpy(), inputs[input_])  # nothing ran
+
+
+def test_compiled_op_refuses_partly_overlapping_out_tensors():
+    fn, _, args, out = _alias_case()
+    owner = tvm.runtime.empty((256,), "uint8")
+    first = owner._create_view((2, 2), "float32", 0)  # bytes [0, 16)
+    second = owner._create_view((2, 2), "float32", 8)  # bytes [8, 24)
+    with pytest.raises(ValueError, match="^BlockLSTMGrad: output 'h_prev_grad' shares memory "
+                                         "with output 'cs_prev_grad'"):
+        fn(**args, out=out[:1] + [first, second] + out[3:])
+
+
+def test_compiled_op_runs_distinct_out_tensors_and_reuses_them():
+    fn, inputs, args, out = _alias_case()
+    want = reference.run("BlockLSTMGrad", inputs, {"use_peephole": True})
+    fresh = [tvm.runtime.empty(t.shape, "float32") for t in out]
+    for _ in range(2):  # the second call reuses the same tensors (the overlap check's memo)
+        result = fn(**args, out=fresh)
+        for name, got, given in zip(result._fields, result, fresh):
+            assert got is given
+            testing.assert_close(got.numpy(), want[name], "float32", name)
+    with pytest.raises(ValueError, match="shares memory"):  # the memo forgets nothing bad
+        fn(**args, out=fresh[:2] + [fresh[1]] + fresh[3:])
+
+
+@pytest.mark.parametrize("out", [3, "outputs", np.zeros((8, 2), np.float32)], ids=repr)
+def test_compiled_op_names_an_out_that_is_not_a_sequence(out):
+    fn, _, args, _ = _alias_case()
+    with pytest.raises(TypeError, match="^BlockLSTMGrad: out= expected a sequence of 8 "
+                                        "tensors"):
+        fn(**args, out=out)
+
+
+def test_compiled_op_names_a_view_the_kernel_refuses():
+    """Views at a byte offset (``Tensor._create_view``) fail the kernel's own argument check;
+    the error names the op and the tensor."""
+    fn, inputs, args, _ = _alias_case()
+    view = tvm.runtime.empty((128,), "uint8")._create_view((2, 2), "float32", 64)
+    view.copyfrom(inputs["cs_prev"])
+    with pytest.raises(ValueError, match="^BlockLSTMGrad: the kernel refused input 'cs_prev'"):
+        fn(**{**args, "cs_prev": view})
 
 
 def test_raw_ops_mirror_tf_signatures(tf):

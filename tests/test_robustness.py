@@ -1,4 +1,4 @@
-"""Reliability: sizes past 32-bit indexing are refused before any allocation, conversion failures
+"""Reliability: sizes past 2**31 elements are refused before any allocation, conversion failures
 in ``raw_ops`` are named errors, known ``CompiledOp`` gaps are pinned, and the kernels run clean
 under valgrind (slow).
 
@@ -44,6 +44,12 @@ def _names(op_name, *args):
     return f"^{re.escape(op_name)}: " + "".join(f"(?=.*'{re.escape(a)}')" for a in args)
 
 
+def _sizes(sizes):
+    """A regex for the sizes as the refusal prints them (``T=.., B=.., I=.., H=..``)."""
+    order = [k for k in ("T", "B", "I", "H") if k in sizes]
+    return re.escape(", ".join(f"{k}={sizes[k]}" for k in order))
+
+
 def _lazy_inputs(op_name, sizes, make):
     op = OPS[op_name]
     inputs = {t.name: make(t.concrete_shape(sizes)) for t in op.inputs if t.dtype == "T"}
@@ -74,7 +80,8 @@ def test_raw_ops_refuse_sizes_past_2_31_elements_before_allocating(op_name, tens
                           lambda s: np.broadcast_to(np.zeros((), np.float32), s))
     tracemalloc.start()
     try:
-        with pytest.raises(ValueError, match=_names(op_name, tensor) + r".*fewer than 2\*\*31"):
+        with pytest.raises(ValueError, match=_names(op_name, tensor) + r".*fewer than 2\*\*31"
+                           + ".*got sizes " + _sizes(sizes)):
             getattr(lstm_tvm.raw_ops, op_name)(**inputs, **_attrs(op_name))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -89,7 +96,9 @@ def test_compiled_op_refuses_sizes_past_2_31_elements(op_name):
     sizes = dict(T=2**16, B=2**15, I=I, H=H) if op.kind == "sequence" else dict(B=2**29, I=I,
                                                                                  H=H)
     inputs = _lazy_inputs(op_name, sizes, ShapeOnly)
-    with pytest.raises(ValueError, match=_names(op_name) + r".*fewer than 2\*\*31"):
+    first = "x" if "T" in sizes else "cs_prev"  # (B, I) stays under the limit, (B, H) does not
+    with pytest.raises(ValueError, match=_names(op_name, first) + r".*fewer than 2\*\*31.*got "
+                       r"sizes " + _sizes(sizes)):
         fn(**inputs)
 
 

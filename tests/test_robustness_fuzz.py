@@ -4,21 +4,23 @@ Hypothesis draws a valid case (op, ``raw_ops`` or ``compile()`` path, dtype, ``T
 ``seq_len_max``, peephole) and up to two malformations: ranks, dims (zeros and mismatches in
 every pairing), dtypes (mixed, integer, float64, bool, complex), ``seq_len_max`` (negative,
 ``> T``, huge, non-scalar, wrong type), attributes of the wrong type or value, missing and
-unexpected names, non-arrays, sizes past ``2**31`` elements, bad ``compile()`` arguments and
-``out=`` tensors; on the ``raw_ops`` path also valid odd layouts (Fortran order, strides,
-negative strides, big-endian, read-only, broadcast views, TVM tensors). An oracle written here
-from the README's rules (not from ``validation.py``) says whether the case is valid. Valid cases
-must match the float64 reference; invalid ones must raise ``ValueError`` or ``TypeError`` whose
-message starts with ``"<Op>: "`` and names an input, attribute or argument the case touched.
+unexpected names, non-arrays, sizes past ``2**31`` elements, bad ``compile()`` arguments (and
+valid NumPy integer sizes) and ``out=`` tensors; on the ``raw_ops`` path also valid odd layouts
+(Fortran order, strides, negative strides, big-endian, read-only, broadcast views, TVM tensors).
+An oracle written here from the README's rules (not from ``validation.py``) says whether the
+case is valid. Valid cases must match the float64 reference; invalid ones must raise
+``ValueError`` or ``TypeError`` whose message starts with ``"<Op>: "`` and names an input,
+attribute or argument the case touched.
 
 The fuzz runs in a child Python (``derandomize=True``, a bounded number of examples, the
 session's ``LSTM_TVM_CACHE_DIR``), so a segfault or abort shows up as this test failing with the
 child's exit code and the case it was running, not as a dead test run. ``I, H`` take two values
 so that kernels compile once and stay cached. ``LSTM_TVM_FUZZ_EXAMPLES`` sets the example count.
 
-Not fuzzed here yet (tested directly in ``test_robustness.py``): objects with
-``.shape``/``.dtype`` that are not TVM tensors passed to ``CompiledOp``, non-tensor ``out=``
-entries, bad ``target=`` values.
+``test_robustness_fuzz_callables.py`` reuses this case model and oracle for what only the
+callables on TVM tensors see (``CompiledOp`` and the exported library's ``ExportedOp``): inputs
+that are not TVM tensors, tensor views, and every kind of bad or overlapping ``out=``. Not fuzzed:
+bad ``target=`` values (tested directly in ``test_robustness.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ SIZE_SETS = ((3, 5, ("float32", "float16")), (7, 9, ("float32",)))
 MAX_ELEMENTS = 2**31
 F32_MAX = float(np.finfo(np.float32).max)
 COMPILE_ARGS = ("dtype", "input_size", "cell_size")
+#: Paths that take NumPy arrays, so that sizes past ``2**31`` elements are zero-stride views
+#: (the others get shape-only objects).
+LAZY_VIEW_PATHS = ("raw_ops", "exported")
 #: Messages that name the op but no input (reported: ``CompiledOp`` could name 'x'/'cs_prev').
 UNNAMED_OK = (r"compiled for (float16|float32), got (float16|float32) inputs$",)
 
@@ -116,9 +121,13 @@ _BOOL_ATTR_BAD = {
 _COMPILE_ARG_BAD = {
     "dtype": {"float64": "float64", "int32": "int32", "none": None, "upper": "FLOAT32",
               "np_type": np.float32, "bfloat16": "bfloat16"},
-    "input_size": {"zero": 0, "neg": -1, "float": 2.5, "bool": True, "str": "3", "none": None},
-    "cell_size": {"zero": 0, "neg": -1, "float": 2.5, "bool": True, "str": "3", "none": None},
+    "input_size": {"zero": 0, "neg": -1, "float": 2.5, "bool": True, "str": "3", "none": None,
+                   "np_float": np.float64(3.0), "np_bool": np.bool_(True), "np_neg": np.int8(-1)},
+    "cell_size": {"zero": 0, "neg": -1, "float": 2.5, "bool": True, "str": "3", "none": None,
+                  "np_float": np.float64(3.0), "np_bool": np.bool_(True), "np_neg": np.int8(-1)},
 }
+#: Valid ``compile()`` sizes of another integer type (the case's value converted).
+_COMPILE_ARG_INT_TYPES = {"np_int64": np.int64, "np_uint16": np.uint16, "np_int32": np.int32}
 _BAD_DTYPES = ("float64", "int32", "int64", "uint8", "int8", "bool", "complex64", "other_float")
 _NON_ARRAYS = ("list", "ragged", "none", "int", "str", "object", "dlpack_raises")
 _LAYOUTS = ("fortran", "strided", "negstride", "bigendian", "readonly", "broadcast", "tvm")
@@ -133,6 +142,19 @@ def _float_inputs(op):
 def _mutation_strategy(st, op, path):
     """Hypothesis strategy of one malformation (a tuple of plain values) for ``op``: a kind
     first (all kinds equally likely), then its arguments."""
+    return _one_of_kinds(st, mutation_kinds(st, op, path))
+
+
+def _one_of_kinds(st, by_kind: dict):
+    """A strategy drawing a kind (all equally likely), then its arguments: ``(kind, *args)``."""
+    kinds = sorted(by_kind)
+    return st.sampled_from(kinds).flatmap(
+        lambda kind: by_kind[kind].map(lambda args: (kind, *args)))
+
+
+def mutation_kinds(st, op, path) -> dict:
+    """``{kind: strategy of its arguments}``: the malformations that apply to ``op`` on
+    ``path`` (``"raw_ops"`` or ``"compile"``)."""
     floats = _float_inputs(op)
     names = st.sampled_from(floats)
     by_kind = {
@@ -156,12 +178,11 @@ def _mutation_strategy(st, op, path):
     if path == "raw_ops":
         by_kind["layout"] = st.tuples(names, st.sampled_from(_LAYOUTS))
     else:
-        by_kind["compile_arg"] = st.one_of([st.tuples(st.just(arg), st.sampled_from(sorted(bad)))
-                                            for arg, bad in _COMPILE_ARG_BAD.items()])
+        by_kind["compile_arg"] = st.one_of([st.tuples(st.just(arg), st.sampled_from(
+            sorted(bad) + (sorted(_COMPILE_ARG_INT_TYPES) if arg != "dtype" else [])))
+            for arg, bad in _COMPILE_ARG_BAD.items()])
         by_kind["out"] = st.tuples(st.sampled_from(["short", "shape", "dtype", "valid"]))
-    kinds = sorted(by_kind)
-    return st.sampled_from(kinds).flatmap(
-        lambda kind: by_kind[kind].map(lambda args: (kind, *args)))
+    return by_kind
 
 
 def _case_strategy(st):
@@ -288,7 +309,11 @@ def _apply(case: Case, built: Built, mutation, rng) -> None:
         _huge(case, built, args[0])
     elif kind == "compile_arg":
         built.touched.add(args[0])
-        built.compile_kw[args[0]] = _COMPILE_ARG_BAD[args[0]][args[1]]
+        if args[1] in _COMPILE_ARG_INT_TYPES:  # valid: the same size as a NumPy integer
+            value = _COMPILE_ARG_INT_TYPES[args[1]](built.compile_kw[args[0]])
+        else:
+            value = _COMPILE_ARG_BAD[args[0]][args[1]]
+        built.compile_kw[args[0]] = value
     elif kind == "out":
         built.touched.update(("out",) + op.output_names)
         built.out = args[0]
@@ -327,7 +352,7 @@ def _huge(case: Case, built: Built, where: str) -> None:
             continue
         shape = op.input(name).concrete_shape(sizes)
         built.inputs[name] = (np.broadcast_to(np.zeros((), case.dtype), shape)
-                              if case.path == "raw_ops" else FakeTensor(shape, case.dtype))
+                              if case.path in LAZY_VIEW_PATHS else FakeTensor(shape, case.dtype))
     if op.kind == "sequence" and where == "all" and "seq_len_max" in built.inputs:
         built.inputs["seq_len_max"] = 0
     built.touched.update(op.input_names)
@@ -400,7 +425,8 @@ def expected_valid(case: Case, built: Built) -> bool:
     if case.path == "compile":
         kw = built.compile_kw
         if kw["dtype"] not in DTYPES or any(
-                type(kw[k]) is not int or kw[k] < 1 for k in ("input_size", "cell_size")):
+                isinstance(kw[k], (bool, np.bool_)) or not isinstance(kw[k], numbers.Integral)
+                or kw[k] < 1 for k in ("input_size", "cell_size")):
             return False
     floats = _float_inputs(op)
     if not all(_is_tensor(inputs[n]) for n in floats):

@@ -2,7 +2,9 @@
 
 Only the manifest is consulted: the loader does not derive anything from the registry, so it
 checks a call exactly as a C++ caller must (names, dtypes, ranks, static dims, one value per
-dynamic dim, ``range`` of scalar params).
+dynamic dim, ``range`` of scalar params, fewer than ``2**31`` elements in every parameter and in
+the kernels' ``T*B``-row scratch tensors, ``out=`` tensors that overlap no other output and no
+input) before anything is copied or run.
 """
 
 from __future__ import annotations
@@ -10,14 +12,16 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from .._args import bind_inputs
+from .._args import AliasGuard, bind_inputs, kernel_error, out_list
 from .._tvm import configure_threads, tvm
+from ..validation import MAX_ELEMENTS
 from .manifest import FORMAT, FORMAT_VERSION, MANIFEST
 
 __all__ = ["ExportedLibrary", "ExportedOp", "load"]
@@ -26,10 +30,12 @@ __all__ = ["ExportedLibrary", "ExportedOp", "load"]
 class ExportedOp:
     """One exported function; call it with the op's inputs (TF's names, or positionally).
 
-    Tensor inputs are NumPy arrays (copied to the device) or TVM tensors; ``seq_len_max`` is
-    an integer. Returns a named tuple of TVM tensors in TF's output order (``.numpy()`` for
-    arrays); ``out=`` (a sequence of TVM tensors) reuses outputs. A bad input raises
-    ``TypeError`` (names, dtypes) or ``ValueError`` (shapes, ranges) starting with the op name.
+    Tensor inputs are NumPy arrays (copied to the device once every input has been checked)
+    or TVM tensors; ``seq_len_max`` is an integer. Returns a named tuple of TVM tensors in TF's
+    output order (``.numpy()`` for arrays); ``out=`` (a sequence of TVM tensors that share
+    memory with no other output and no input) reuses outputs. A bad input raises
+    ``TypeError`` (names, types, dtypes) or ``ValueError`` (shapes, ranges, sizes past
+    ``2**31`` elements, overlapping ``out=``) starting with the op name and naming the input.
 
     Attributes
     ----------
@@ -40,11 +46,15 @@ class ExportedOp:
         The raw function (destination passing: inputs then outputs).
     """
 
-    def __init__(self, name: str, entry: dict, func, device):
+    def __init__(self, name: str, entry: dict, func, device, sizes: Mapping[str, int]):
         self.name, self.entry, self.func, self.device = name, entry, func, device
         self.inputs = [p for p in entry["params"] if p["role"] == "input"]
         self.outputs = [p for p in entry["params"] if p["role"] == "output"]
         self.result_type = collections.namedtuple(name, [p["name"] for p in self.outputs])
+        self._roles = {p["name"]: p["role"] for p in entry["params"]}
+        self._no_alias = AliasGuard(name, np.dtype(self.outputs[0]["dtype"]).itemsize)
+        #: Widths of the kernels' stacked scratch tensors (``rows x (I+H)``, ``rows x 4H``).
+        self._scratch = {"xh": sizes["I"] + sizes["H"], "gates": 4 * sizes["H"]}
 
     def __repr__(self) -> str:
         return f"ExportedOp({self.name}, function={self.entry['function']}, " \
@@ -53,15 +63,25 @@ class ExportedOp:
     def __call__(self, *args, out=None, **kwargs):
         values = self._bind(args, kwargs)
         dims: dict[str, int] = {}
-        call_args = {p["name"]: self._check(p, values[p["name"]], dims) for p in self.inputs}
+        checked = {p["name"]: self._check(p, values[p["name"]], dims) for p in self.inputs}
         for p in self.inputs:
             if "range" in p:  # seq_len_max: [0, "T"]
                 lo, hi = (dims[v] if isinstance(v, str) else v for v in p["range"])
-                if not lo <= call_args[p["name"]] <= hi:
+                if not lo <= checked[p["name"]] <= hi:
                     raise ValueError(f"{self.name}: input {p['name']!r} expected {lo} <= "
-                                     f"{p['name']} <= {hi}, got {call_args[p['name']]}")
+                                     f"{p['name']} <= {hi}, got {checked[p['name']]}")
+        self._check_element_counts(dims)
         outputs = self._outputs(dims, out)
-        self.func(*call_args.values(), *outputs)
+        call_args = {n: _to_device(v, self.device) if isinstance(v, np.ndarray) else v
+                     for n, v in checked.items()}
+        if out is not None:
+            self._no_alias({n: v for n, v in call_args.items()
+                            if isinstance(v, tvm.runtime.Tensor)},
+                           {p["name"]: t for p, t in zip(self.outputs, outputs)})
+        try:
+            self.func(*call_args.values(), *outputs)
+        except ValueError as err:  # the kernel's own argument checks
+            raise kernel_error(self.name, err, self._roles) from err
         return self.result_type(*outputs)
 
     def _bind(self, args, kwargs) -> dict:
@@ -75,16 +95,25 @@ class ExportedOp:
         return values
 
     def _check(self, p: dict, value, dims: dict):
-        """Check one input against its manifest entry; returns what the function gets."""
+        """Check one input against its manifest entry; returns an int (a scalar), the TVM
+        tensor as given, or a NumPy array (as given: not yet copied to the device)."""
         where = f"{self.name}: input {p['name']!r}"
-        if p["kind"] == "scalar":
-            arr = np.asarray(value)
-            if arr.ndim != 0 or arr.dtype.kind not in "iu":
-                raise TypeError(f"{where} expected an integer scalar, got {value!r}")
+        if p["kind"] == "scalar":  # an int of any size: the range check follows
+            if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+                return int(value)
+            arr = value if isinstance(value, np.ndarray) else None
+            if arr is None or arr.ndim != 0 or arr.dtype.kind not in "iu":
+                raise TypeError(f"{where} expected an integer scalar, got {_describe(value)}")
             return int(arr)
-        if not isinstance(value, tvm.runtime.Tensor):
-            value = tvm.runtime.tensor(np.asarray(value, order="C"), self.device)
-        shape, dtype = tuple(int(d) for d in value.shape), str(value.dtype)
+        if isinstance(value, tvm.runtime.Tensor):
+            tensor, dtype = value, str(value.dtype)
+            if value.device != self.device:
+                raise ValueError(f"{where} expected a tensor on {self.device}, got one on "
+                                 f"{value.device}")
+        else:
+            tensor = _as_array(where, value)
+            dtype = tensor.dtype.name
+        shape = tuple(int(d) for d in tensor.shape)
         if dtype != p["dtype"]:
             raise TypeError(f"{where} expected dtype {p['dtype']}, got {dtype}")
         if len(shape) != len(p["shape"]):
@@ -96,9 +125,23 @@ class ExportedOp:
                 known = ", ".join(f"{k}={v}" for k, v in dims.items())
                 raise ValueError(f"{where} expected shape {p['shape']} ({known}), "
                                  f"got {list(shape)}")
-        if not value.is_contiguous():
+        if isinstance(tensor, tvm.runtime.Tensor) and not tensor.is_contiguous():
             raise ValueError(f"{where} expected a contiguous tensor")
-        return value
+        return tensor
+
+    def _check_element_counts(self, dims: Mapping[str, int]) -> None:
+        """Every parameter and scratch tensor has fewer than ``MAX_ELEMENTS`` elements, as
+        ``lstm_tvm.validation`` requires of the same kernels."""
+        rows = math.prod(dims.values())  # T*B (sequence ops) or B (cell ops)
+        tensors = [(f"{p['role']} {p['name']!r}", [dims.get(d, d) for d in p["shape"]])
+                   for p in self.inputs + self.outputs if p["kind"] == "tensor"]
+        tensors += [(f"scratch tensor {n!r}", [rows, w]) for n, w in self._scratch.items()]
+        for what, shape in tensors:
+            if math.prod(shape) >= MAX_ELEMENTS:
+                known = ", ".join(f"{k}={v}" for k, v in dims.items())
+                raise ValueError(f"{self.name}: {what} would have shape {shape}, "
+                                 f"{math.prod(shape)} elements ({known}); expected fewer than "
+                                 f"2**31 elements per tensor")
 
     def _outputs(self, dims: dict, out):
         shapes = [tuple(dims[d] if isinstance(d, str) else d for d in p["shape"])
@@ -106,14 +149,42 @@ class ExportedOp:
         if out is None:
             return [tvm.runtime.empty(s, p["dtype"], self.device)
                     for s, p in zip(shapes, self.outputs)]
-        out = list(out)
-        if len(out) != len(shapes):
-            raise TypeError(f"{self.name}: out= needs {len(shapes)} tensors, got {len(out)}")
+        out = out_list(self.name, out, len(shapes))
         for p, s, t in zip(self.outputs, shapes, out):
+            if not isinstance(t, tvm.runtime.Tensor):
+                raise TypeError(f"{self.name}: out= entry {p['name']!r} expected a "
+                                f"tvm.runtime.Tensor, got {type(t).__name__}")
             if tuple(t.shape) != s or str(t.dtype) != p["dtype"]:
                 raise ValueError(f"{self.name}: output {p['name']!r} expected "
                                  f"{p['dtype']}{list(s)}, got {t.dtype}{list(t.shape)}")
+            if t.device != self.device:
+                raise ValueError(f"{self.name}: output {p['name']!r} expected a tensor on "
+                                 f"{self.device}, got one on {t.device}")
         return out
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+def _as_array(where: str, value) -> np.ndarray:
+    """``value`` as a NumPy array, without copying when it already is one (a view stays a
+    view: nothing is copied before every input has been checked)."""
+    try:
+        if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray):
+            arr = np.from_dlpack(value)
+        else:
+            arr = np.asarray(value)
+    except Exception as err:
+        raise TypeError(f"{where} could not be converted to an array "
+                        f"({type(err).__name__}: {str(err)[:200]})") from err
+    return arr
+
+
+def _to_device(arr: np.ndarray, device):
+    """A checked NumPy input as a compact, native-byte-order TVM tensor on ``device``."""
+    return tvm.runtime.tensor(np.ascontiguousarray(arr, arr.dtype.newbyteorder("=")), device)
 
 
 class ExportedLibrary(Mapping):
@@ -145,7 +216,8 @@ class ExportedLibrary(Mapping):
         if self.device.dlpack_device_type() == 1:  # CPU: size TVM's thread pool first
             configure_threads()
         self.module = tvm.runtime.load_module(str(lib))
-        self._ops = {name: ExportedOp(name, e, self.module[e["function"]], self.device)
+        self._ops = {name: ExportedOp(name, e, self.module[e["function"]], self.device,
+                                      m["sizes"])
                      for name, e in m["ops"].items()}
 
     def __getitem__(self, name: str) -> ExportedOp:
