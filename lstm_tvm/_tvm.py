@@ -6,6 +6,7 @@ takes targets as JSON dicts. Everything else in lstm_tvm imports TVM through her
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -13,12 +14,15 @@ import os
 import tvm
 from tvm import tirx
 from tvm.s_tir import Schedule
+from tvm.s_tir.stmt import SBlock, SBlockRealize
 from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as TB
 
-__all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "resolve_target", "target_key", "host_cpu", "device_for",
-           "configure_threads"]
+__all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "SBlock", "SBlockRealize",
+           "resolve_target", "target_key", "host_cpu", "device_for", "configure_threads",
+           "DEFAULT_CUDA_ARCH", "cuda_arch", "target_name", "build_scope", "device_exists",
+           "missing_device_error", "nvcc_compile"]
 
 
 @functools.cache
@@ -31,26 +35,84 @@ def _host_llvm() -> dict:
     return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": os.cpu_count() or 1}
 
 
+#: The CUDA architecture of a CUDA target that names none when no GPU is visible: ``sm_80``
+#: (A100; the oldest architecture with the Ampere feature set, whose machine code also runs on
+#: the later 8.x GPUs). TVM's own default here is ``sm_50``, which CUDA 13 no longer supports.
+DEFAULT_CUDA_ARCH = "sm_80"
+
+
+def cuda_arch(index: int = 0) -> str:
+    """``sm_XY`` of CUDA GPU ``index`` when one is visible, else :data:`DEFAULT_CUDA_ARCH`."""
+    dev = tvm.cuda(index)
+    if dev.exist:
+        return "sm_" + str(dev.compute_version).replace(".", "")
+    return DEFAULT_CUDA_ARCH
+
+
 def resolve_target(target: object = "llvm") -> "tvm.target.Target":
     """Turn a kind string, a JSON dict (or its string) or a ``Target`` into a ``Target``.
 
-    ``"llvm"`` (and ``None``) mean this host's CPU with its ``mcpu``; a dict or JSON string is
-    passed to ``tvm.target.Target`` as it is; ``"cuda"`` means CUDA with TVM's defaults.
+    ``"llvm"`` (and ``None``) mean this host's CPU with its ``mcpu``; ``"cuda"`` (or a CUDA dict
+    without ``arch``) means CUDA for the local GPU's architecture, or :data:`DEFAULT_CUDA_ARCH`
+    without one; any other dict or JSON string is passed to ``tvm.target.Target`` as it is, e.g.
+    ``{"kind": "cuda", "arch": "sm_90"}``.
     """
     if target is None or target == "llvm":
         return tvm.target.Target(_host_llvm())
     if isinstance(target, tvm.target.Target):
         return target
-    if isinstance(target, dict):
-        return tvm.target.Target(target)
     if isinstance(target, str):
         text = target.strip()
-        if text.startswith("{"):
-            return tvm.target.Target(json.loads(text))
-        return tvm.target.Target({"kind": text})
+        target = json.loads(text) if text.startswith("{") else {"kind": text}
+    if isinstance(target, dict):
+        if target.get("kind") == "cuda" and "arch" not in target:
+            target = {**target, "arch": cuda_arch()}
+        return tvm.target.Target(target)
     raise TypeError(
         f"target: expected a kind string, a JSON dict or a tvm.target.Target, got {type(target).__name__}"
     )
+
+
+def target_name(target) -> str:
+    """A short readable name of a target: ``"llvm znver4"``, ``"cuda sm_80"``."""
+    target = resolve_target(target)
+    kind = str(target.kind.name)
+    detail = target.attrs.get("arch") if kind == "cuda" else target.attrs.get("mcpu")
+    return f"{kind} {detail}" if detail else kind
+
+
+def build_scope(target: tvm.target.Target):
+    """The context to compile ``target`` in: CUDA targets are entered, since TVM's nvcc/NVRTC
+    callback takes the architecture from ``Target.current()`` (without it, from the local
+    GPU); other targets need nothing."""
+    return target if str(target.kind.name) == "cuda" else contextlib.nullcontext()
+
+
+def nvcc_compile(source: str, arch: str) -> bytes:
+    """Compile CUDA ``source`` to a cubin for ``arch`` (``"sm_80"``) with ``nvcc``.
+
+    Without a CUDA driver, ``tvm.compile`` for CUDA only generates source (its module carries the
+    source, compiled when loaded on a GPU machine); this checks ahead of time that the source
+    compiles for ``arch``. Raises ``RuntimeError`` with nvcc's messages when it does not.
+    """
+    from tvm.support import nvcc  # pylint: disable=import-outside-toplevel
+
+    with tvm.target.Target({"kind": "cuda", "arch": arch}):
+        return bytes(nvcc.compile_cuda(source, target_format="cubin", arch=arch, compiler="nvcc"))
+
+
+def device_exists(device) -> bool:
+    """Whether ``device`` (a ``tvm.runtime.Device``) is present on this machine."""
+    return device.dlpack_device_type() == 1 or bool(device.exist)
+
+
+def missing_device_error(where: str, device, target) -> RuntimeError:
+    """The error raised when a kernel built for ``target`` is asked to run without its device."""
+    kind = str(resolve_target(target).kind.name)
+    what = "no CUDA device" if kind == "cuda" else f"no {kind} device"
+    return RuntimeError(
+        f"{where}: {what}: {device} is not present on this machine, so the kernel built for "
+        f"{target_name(target)} cannot run here (building works without one)")
 
 
 def target_key(target: "tvm.target.Target") -> str:

@@ -4,7 +4,9 @@
 the same keyword arguments as TensorFlow's, as NumPy arrays or objects with ``__dlpack__``,
 and returns a named tuple of NumPy arrays with TF's output names, order, shapes and dtype.
 Kernels compile on first use and are cached by (op, dtype, sizes, attributes, target).
-Padded steps (``t >= seq_len_max``) are zero in every output.
+Padded steps (``t >= seq_len_max``) are zero in every output. ``target=`` (default ``"llvm"``)
+and ``device=`` choose where the op runs, e.g. ``target="cuda"``: inputs are copied to the
+device (from NumPy, or through DLPack from any device) and outputs back to NumPy.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import build as _build
-from ._tvm import tvm
+from ._tvm import device_exists, device_for, missing_device_error, resolve_target, tvm
 from .api import compile as _compile
 from .api import output_tuple
 from .registry import OPS, OpSpec
@@ -33,6 +35,8 @@ def _to_numpy(value, where: str = "input"):
         return value
     try:
         if hasattr(value, "__dlpack__") and not isinstance(value, (int, float, bool)):
+            if _dlpack_device_type(value) not in (None, 1):  # e.g. a CUDA tensor: via TVM
+                return tvm.runtime.from_dlpack(value).numpy()
             return np.from_dlpack(value)
         if hasattr(value, "numpy") and callable(value.numpy):  # e.g. TVM or eager TF tensors
             return np.asarray(value.numpy())
@@ -45,14 +49,23 @@ def _to_numpy(value, where: str = "input"):
                         ) from err
 
 
+def _dlpack_device_type(value):
+    try:
+        return int(value.__dlpack_device__()[0])
+    except Exception:  # noqa: BLE001 - no usable __dlpack_device__: NumPy decides
+        return None
+
+
 def _native(array: np.ndarray) -> np.ndarray:
     """A C-contiguous copy (or ``array`` itself) in native byte order: TVM tensors have no
     byte order, so a big-endian ``>f4`` array, valid float32 to the checks, is swapped here."""
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("="))
 
 
-def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="llvm"):
-    """Run ``op_name`` on NumPy-convertible ``inputs`` with ``attrs``; see the module doc."""
+def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="llvm",
+        device=None):
+    """Run ``op_name`` on NumPy-convertible ``inputs`` with ``attrs`` on ``target`` (and
+    ``device``, default: device 0 of the target's kind); see the module doc."""
     if op_name not in OPS:
         raise ValueError(f"unknown op {op_name!r}; expected one of {list(OPS)}")
     op = OPS[op_name]
@@ -69,8 +82,10 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
     if any(0 in s for s in _input_shapes(op, arrays)):
         return result(*(np.zeros(s, sig.dtype) for s in shapes.values()))
     compiled = _compile(op.name, target=target, dtype=sig.dtype, input_size=sig.sizes["I"],
-                        cell_size=sig.sizes["H"], **full)
+                        cell_size=sig.sizes["H"], device=device, **full)
     dev = compiled.device
+    if not device_exists(dev):
+        raise missing_device_error(op.name, dev, compiled.target)
     tensors = {n: tvm.runtime.tensor(_native(arrays[n]), dev)
                for n in op.input_names if n != "seq_len_max"}
     if op.kind == "sequence":
@@ -90,24 +105,29 @@ def _input_shapes(op: OpSpec, arrays):
 def _make(op: OpSpec):
     def fn(**kwargs):
         kwargs.pop("name", None)
+        where = {k: kwargs.pop(k) for k in ("target", "device") if k in kwargs}
         unknown = set(kwargs) - set(op.input_names) - set(op.attr_names)
         if unknown:
             raise TypeError(f"{op.name}: unexpected argument(s) {sorted(unknown)}; expected "
                             f"inputs {list(op.input_names)} and attributes {list(op.attr_names)}")
         inputs = {k: v for k, v in kwargs.items() if k in op.input_names}
         attrs = {k: v for k, v in kwargs.items() if k in op.attr_names}
-        return run(op.name, inputs, attrs)
+        return run(op.name, inputs, attrs, **where)
 
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
     params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
                                  default=inspect.Parameter.empty if a.required else a.default)
                for a in op.attrs]
     params.append(inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None))
+    # ``target=`` and ``device=`` are accepted too, but kept out of the signature: it mirrors
+    # ``tf.raw_ops.<Op>`` exactly.
     fn.__signature__ = inspect.Signature(params)
     fn.__name__ = fn.__qualname__ = op.name
     fn.__doc__ = (f"{op.doc}\n\nInputs: {', '.join(op.input_names)}.\n"
                   f"Outputs: {', '.join(op.output_names)}.\n"
-                  f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in op.attrs)}.\n")
+                  f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in op.attrs)}.\n"
+                  f"Where it runs: target='llvm' (or 'cuda', a target JSON dict), device=None "
+                  f"(device 0 of the target's kind).\n")
     return fn
 
 
@@ -115,12 +135,13 @@ for _op in OPS.values():
     globals()[_op.name] = _make(_op)
 
 
-def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm"):
+def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm", device=None):
     """The matmul part of a cell's gradient, as TF's Python gradient of ``LSTMBlockCell``.
 
     ``xh_grad = dicfo @ w^T`` gives ``x_grad`` (`(B, I)`) and ``h_prev_grad`` (`(B, H)`);
     ``w_grad = [x, h_prev]^T @ dicfo`` (`(I+H, 4H)`); ``b_grad = sum_b dicfo`` (`(4H,)`).
     Returns a named tuple ``(x_grad, h_prev_grad, w_grad, b_grad)`` of NumPy arrays.
+    ``target`` and ``device`` choose where it runs, as for the ops.
     """
     from .kernels.cell_grad_matmul import INPUTS
 
@@ -132,8 +153,11 @@ def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm"):
     if B == 0:
         return result(*(np.zeros(s, dtype) for s in shapes))
     spec = _build.make_spec(_build.CELL_GRAD_MATMUL, dtype, I, H, {}, target)
+    dev = device if device is not None else device_for(resolve_target(spec.target))
+    if not device_exists(dev):
+        _build.build(spec)  # code generation errors surface first
+        raise missing_device_error("cell_grad_matmul", dev, spec.target)
     mod = _build.get_module(spec)
-    dev = tvm.cpu()
     args = [tvm.runtime.tensor(_native(arrays[n]), dev) for n in INPUTS]
     outs = [tvm.runtime.empty(s, dtype, dev) for s in shapes]
     mod[spec.func_name](*args, *outs)

@@ -1,0 +1,278 @@
+"""Default CUDA schedules: every leaf block bound to GPU threads, the time loop kept serial.
+
+TVM cuts a kernel out of every loop nest bound to ``blockIdx``/``threadIdx``; what is not bound
+stays in host code. So the time loop of the sequence kernels (block ``step``) runs on the host
+and each of its child blocks is its own kernel, launched once per step (a persistent or fused
+step kernel is future work). One rule per block kind:
+
+- *GEMMs* (two spatial iterators ``m, n``, one reduction ``k``; :class:`GpuGemmTile`): a thread
+  block computes a ``BM x BN`` tile, each thread a ``tm x tn`` register tile (``cache_write``
+  to ``local``) over the whole reduction, which runs in slabs of ``bk``. Operands that are plain
+  loads (a buffer element, possibly widened) are staged per slab in shared memory by all
+  threads of the block; operands behind a condition (the kernels' ``if_then_else`` guards) are
+  read from global memory (staging would load what the guard keeps out). Tile factors divide
+  their extents, so no access needs a bounds predicate.
+- *sums* (one spatial iterator, reductions): 32 consecutive outputs per block row
+  (``threadIdx.x``, coalesced); each of 8 ``threadIdx.y`` lanes sums every 8th row and TVM's
+  cross-thread reduction adds the 8 partial sums.
+- *elementwise* blocks (and the fallback of every rule): spatial loops fused, split by the
+  thread count, bound to ``blockIdx.x``/``threadIdx.x``; reductions serial per thread.
+
+TVM 0.27's ``compute_at``/``reverse_compute_at`` need their scope to be a *stage pipeline*; the
+kernels' scopes are not (a step reads what the previous step wrote; padded rows are read past
+what their producer writes). Each GEMM is therefore scheduled on a copy of the kernel in which
+its loop nest is alone in its scope (:func:`~lstm_tvm.schedule.gpu_ir.isolated`), then put back
+between its siblings: every transformation stays inside the GEMM's own loop nest.
+
+TVM's CUDA runtime launches a zero-sized grid as one block, and a split whose factor divides a
+dynamic extent has no bounds predicate, so an empty launch (e.g. the padded steps when
+``seq_len_max == T``) would run one block out of bounds:
+:func:`~lstm_tvm.schedule.gpu_ir.guard_empty_launches` wraps each launch with a dynamic grid in
+``if grid > 0`` (GEMMs excepted; see there).
+
+``tvm.s_tir.dlight``'s GPU rules (``Matmul``, ``GEMV``, ``Reduction``, ``GeneralReduction``)
+match whole PrimFuncs with one main reduction and return None on every lstm_tvm kernel;
+``Fallback`` rejects the sequence forward and runs the whole time loop of the sequence
+backward in one GPU thread. The rules here work per block, inside the kernels' structure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from tvm.sym import Analyzer
+
+from .._tvm import Schedule, tirx
+from .gpu_ir import guard_empty_launches, hoist_allocations, isolated, unbound_blocks
+
+log = logging.getLogger(__name__)
+
+#: Threads per block of elementwise kernels.
+ELEMENTWISE_THREADS = 256
+#: ``threadIdx.x`` x ``threadIdx.y`` of the sum kernels (outputs x reduction lanes).
+SUM_THREADS = (32, 8)
+#: Shortest reduction slab worth staging in shared memory.
+MIN_STAGED_SLAB = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuGemmTile:
+    """How one GEMM block is scheduled on a GPU.
+
+    ``ty x tx`` threads per block; each accumulates ``tm`` consecutive rows times ``tn``
+    consecutive columns in registers, so a block covers ``ty * tm`` rows and ``tx * tn``
+    columns. The reduction runs in slabs of ``bk`` (unrolled); with ``stage`` the plain-load
+    operands of a slab are first copied to shared memory. Every factor divides its extent.
+    """
+
+    ty: int
+    tx: int
+    tm: int
+    tn: int
+    bk: int
+    stage: bool = True
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_gpu_tile(m_extent, n_extent, k_extent) -> GpuGemmTile:
+    """The untuned tile of a GEMM with these extents (ints or symbolic): the largest preferred
+    factors that provably divide them (``tm, tn <= 4``, ``ty <= 8``, ``tx <= 32``,
+    ``bk <= 16``); shared-memory staging when the slab has at least :data:`MIN_STAGED_SLAB`
+    steps."""
+    tm = _first_divisor((4, 2, 1), m_extent)
+    ty = _first_divisor((8, 4, 2, 1), m_extent, tm)
+    tn = _first_divisor((4, 2, 1), n_extent)
+    tx = _first_divisor((32, 16, 8, 4, 2, 1), n_extent, tn)
+    bk = _first_divisor((16, 8, 4, 2, 1), k_extent)
+    return GpuGemmTile(ty=ty, tx=tx, tm=tm, tn=tn, bk=bk, stage=bk >= MIN_STAGED_SLAB)
+
+
+def _first_divisor(choices, extent, times: int = 1) -> int:
+    return next(c for c in choices if _divides(c * times, extent))
+
+
+def _divides(factor: int, extent) -> bool:
+    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
+    if factor == 1:
+        return True
+    rem = Analyzer().simplify(tirx.floormod(extent, factor))
+    return isinstance(rem, tirx.IntImm) and rem.value == 0
+
+
+def schedule_gpu(op_name: str, func, target, failures: list | None = None):
+    """``func`` with every leaf block bound to GPU threads (see the module doc).
+
+    A block whose rule fails gets the elementwise rule (fused spatial loops bound to threads,
+    reductions serial) so that the kernel still builds; its name and the rule's error are
+    appended to ``failures`` when given. A block nothing could bind is reported the same way
+    (the CUDA build then fails on it).
+    """
+    func = hoist_allocations(func)
+    max_threads = _max_threads(target)
+    sch = Schedule(func)
+    blocks = [(sch.get(b).name_hint, _rule_for(sch, b)) for b in _leaf_blocks(sch)]
+    for name, rule in blocks:
+        try:
+            if rule is _schedule_gemm:
+                func = isolated(func, name, lambda s, b: _schedule_gemm(s, b, max_threads))
+            else:
+                trial = Schedule(func)
+                rule(trial, trial.get_sblock(name), max_threads)
+                func = trial.mod["main"]
+            continue
+        except Exception as err:  # noqa: BLE001 - any schedule error: the rule's work is discarded
+            log.warning("lstm_tvm: %s: GPU rule %s failed on block %s: %s", op_name,
+                        rule.__name__, name, str(err).splitlines()[-1][:200])
+            if failures is not None:
+                failures.append((name, err))
+        try:
+            trial = Schedule(func)
+            _schedule_flat(trial, trial.get_sblock(name), max_threads)
+            func = trial.mod["main"]
+        except Exception as err:  # noqa: BLE001 - reported; the block stays unbound
+            if failures is not None:
+                failures.append((name, err))
+    func = guard_empty_launches(func)
+    for name in unbound_blocks(func):
+        if failures is not None and all(name != f[0] for f in failures):
+            failures.append((name, RuntimeError(f"block {name} is not bound to GPU threads")))
+    return func
+
+
+def _max_threads(target) -> int:
+    for key in ("max_threads_per_block", "max_num_threads"):
+        value = target.attrs.get(key)
+        if value is not None:
+            return int(value)
+    return 1024
+
+
+def _leaf_blocks(sch: Schedule):
+    out = []
+
+    def visit(parent):
+        for child in sch.get_child_blocks(parent):
+            if sch.get_child_blocks(child):
+                visit(child)
+            else:
+                out.append(child)
+
+    visit(sch.get_sblock("root"))
+    return out
+
+
+def _const(extent):
+    if isinstance(extent, int):
+        return extent
+    return int(extent.value) if isinstance(extent, tirx.IntImm) else None
+
+
+def _axes(sch: Schedule, block):
+    """The block's own loops split into spatial and reduction ones."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)[-len(stmt.iter_vars):] if stmt.iter_vars else []
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    spatial = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
+    reduce_ = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.CommReduce]
+    if len(spatial) + len(reduce_) != len(loops):
+        raise ValueError(f"block {stmt.name_hint}: iterators other than spatial/reduction")
+    return spatial, reduce_
+
+
+def _rule_for(sch: Schedule, block):
+    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+    S, R = tirx.IterVar.DataPar, tirx.IterVar.CommReduce
+    if kinds == [S, S, R]:
+        return _schedule_gemm
+    if len(kinds) > 1 and kinds[0] == S and all(k == R for k in kinds[1:]):
+        return _schedule_sum
+    return _schedule_flat
+
+
+def _schedule_flat(sch: Schedule, block, max_threads: int) -> None:
+    """Fuse the spatial loops, split by the thread count, bind; reductions stay serial."""
+    spatial, reduce_ = _axes(sch, block)
+    if not spatial:
+        spatial = [sch.add_unit_loop(block)]
+    if reduce_:
+        sch.reorder(*spatial, *reduce_)
+    fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+    threads = min(ELEMENTWISE_THREADS, max_threads)
+    extent = _const(sch.get(fused).extent)
+    if extent is not None:  # no idle threads for small constant extents
+        threads = min(threads, max(32, 1 << max(extent - 1, 0).bit_length()))
+    bx, tx = sch.split(fused, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if reduce_ and sch.get(block).init is not None:
+        sch.decompose_reduction(block, reduce_[0])
+
+
+def _schedule_sum(sch: Schedule, block, max_threads: int) -> None:
+    """Outputs over ``threadIdx.x``, the reduction over ``threadIdx.y``: each thread sums every
+    ``n_y``-th row, then TVM's cross-thread reduction adds the ``n_y`` partial sums."""
+    spatial, reduce_ = _axes(sch, block)
+    n_x, n_y = SUM_THREADS
+    if len(reduce_) > 1:
+        reduce_ = [sch.fuse(*reduce_)]
+    bx, tx = sch.split(spatial[0], [None, n_x])
+    r_o, ty = sch.split(reduce_[0], [None, n_y])
+    sch.reorder(bx, tx, ty, r_o)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.bind(ty, "threadIdx.y")
+
+
+def _plain_operands(stmt) -> list[str]:
+    """Names of the buffers a GEMM block reads as plain loads (``a(m, k)`` / ``b(k, n)`` being a
+    buffer element, possibly cast), from its body ``out = out + a * b``."""
+    value = stmt.body.value
+    names = []
+    product = value.b if isinstance(value, tirx.Add) else None
+    if isinstance(product, tirx.Mul):
+        for operand in (product.a, product.b):
+            while isinstance(operand, tirx.Cast):
+                operand = operand.value
+            if type(operand).__name__ in ("TensorLoad", "BufferLoad"):  # TensorLoad in 0.27
+                names.append(operand.source.name)
+    return names
+
+
+def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | None = None) -> None:
+    """Register-tiled GEMM with shared-memory staging (see :class:`GpuGemmTile`). Needs the
+    block's loop nest alone in its scope (:func:`lstm_tvm.schedule.gpu_ir.isolated`)."""
+    (m, n), (k,) = _axes(sch, block)
+    if tile is None:
+        tile = default_gpu_tile(sch.get(m).extent, sch.get(n).extent, sch.get(k).extent)
+    if tile.ty * tile.tx > max_threads:
+        raise ValueError(f"tile {tile} needs more than {max_threads} threads")
+    stmt = sch.get(block)
+    out_name = stmt.writes[0].source.name
+    staged = [b for b in dict.fromkeys(_plain_operands(stmt)) if b != out_name]
+    staged = staged if tile.stage else []
+    bm, ty, im = sch.split(m, [None, tile.ty, tile.tm])
+    bn, tx, jn = sch.split(n, [None, tile.tx, tile.tn])
+    ko, ki = sch.split(k, [None, tile.bk])
+    sch.reorder(bm, bn, ty, tx, ko, ki, im, jn)
+    # Rows (possibly dynamic) on blockIdx.x, columns (static) on blockIdx.y.
+    sch.bind(bm, "blockIdx.x")
+    sch.bind(bn, "blockIdx.y")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, tx, preserve_unit_loops=True)
+    for name in staged:
+        reads = [r.source.name for r in sch.get(block).reads]
+        copy = sch.cache_read(block, reads.index(name), "shared", consumer_blocks=[block])
+        sch.compute_at(copy, ko, preserve_unit_loops=True)
+        ndim = len(sch.get(copy).iter_vars)
+        fetch = sch.fuse(*sch.get_loops(copy)[-ndim:])
+        _, fy, fx = sch.split(fetch, [None, tile.ty, tile.tx])
+        sch.bind(fy, "threadIdx.y")
+        sch.bind(fx, "threadIdx.x")
+    sch.decompose_reduction(block, ko)
+    for loop in (ki, im, jn):
+        sch.unroll(loop)

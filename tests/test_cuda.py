@@ -1,0 +1,261 @@
+"""CUDA: targets, default GPU schedules, builds for sm_80/sm_90, and (on a GPU) results.
+
+No GPU is needed by default: ``tvm.compile`` generates the CUDA source (without a CUDA driver
+its module carries the source), ``nvcc`` compiles that source to a cubin for each
+architecture, and ``export_library`` writes the deployable library. The schedules' results
+are checked on the CPU by building each GPU-scheduled kernel for LLVM with every thread
+binding turned into a serial loop (TIR's sequential semantics, which GPU lowering preserves)
+and bounds checks on. Tests marked ``gpu`` run the ops on a CUDA GPU (``pytest -m gpu``).
+"""
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+import tvm.testing
+import tvm_ffi
+from tvm import tirx
+
+import lstm_tvm
+from lstm_tvm import build, reference, registry, testing, validation
+from lstm_tvm._tvm import DEFAULT_CUDA_ARCH, cuda_arch, nvcc_compile, resolve_target, target_name
+from lstm_tvm.kernels import BUILDERS, cell_grad_matmul
+from lstm_tvm.schedule import schedule_for
+from lstm_tvm.schedule.gpu_ir import unbound_blocks
+
+NVCC = shutil.which("nvcc")
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is not on PATH")
+HAS_GPU = bool(tvm.cuda(0).exist)
+needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU on this machine")
+
+OPS = [*registry.OPS, build.CELL_GRAD_MATMUL]
+ARCHS = ["sm_80", "sm_90"]
+DTYPES = ["float32", "float16"]
+I, H = 20, 24  # partial thread tiles in every GEMM
+#: One representative build per op in the default run; the full grid is marked slow.
+DEFAULT_GRID = {("LSTMBlockCell", "float16", "sm_80"), ("LSTMBlockCellGrad", "float32", "sm_90"),
+                ("BlockLSTM", "float32", "sm_80"), ("BlockLSTMGrad", "float16", "sm_90"),
+                ("BlockLSTMV2", "float16", "sm_90"), ("BlockLSTMGradV2", "float32", "sm_80"),
+                ("CellGradMatmul", "float16", "sm_90")}
+
+
+def _attrs(op_name, use_peephole=True):
+    if op_name == build.CELL_GRAD_MATMUL:
+        return {}
+    return validation.validate_attrs(registry.get_op(op_name), {"use_peephole": use_peephole})
+
+
+def _kernel(op_name, dtype, input_size, cell_size, attrs):
+    if op_name == build.CELL_GRAD_MATMUL:
+        return cell_grad_matmul(dtype, input_size, cell_size)
+    return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
+
+
+def _launches(func) -> int:
+    """The number of kernel launches of a scheduled PrimFunc: its outermost thread-bound loops."""
+    count = 0
+
+    def visit(node, inside: bool) -> None:
+        nonlocal count
+        if node is None:
+            return
+        if isinstance(node, tirx.For) and node.thread_binding is not None:
+            count += not inside
+            inside = True
+        if isinstance(node, tirx.SeqStmt):
+            for item in node.seq:
+                visit(item, inside)
+            return
+        block = getattr(node, "block", None)
+        visit(block.body if block is not None else None, inside)
+        for field in ("body", "then_case", "else_case"):
+            visit(getattr(node, field, None), inside)
+
+    visit(func.body, False)
+    return count
+
+
+def _grid():
+    for op_name in OPS:
+        for dtype in DTYPES:
+            for arch in ARCHS:
+                marks = [] if (op_name, dtype, arch) in DEFAULT_GRID else [pytest.mark.slow]
+                yield pytest.param(op_name, dtype, arch, True, id=f"{op_name}-{dtype}-{arch}",
+                                   marks=marks)
+    yield pytest.param("BlockLSTMGrad", "float32", "sm_90", False, id="BlockLSTMGrad-no-peephole")
+
+
+@needs_nvcc
+@pytest.mark.parametrize("op_name, dtype, arch, use_peephole", list(_grid()))
+def test_cuda_build(op_name, dtype, arch, use_peephole, tmp_path):
+    attrs = _attrs(op_name, use_peephole)
+    target = resolve_target({"kind": "cuda", "arch": arch})
+    failures = []
+    scheduled = schedule_for(op_name, _kernel(op_name, dtype, I, H, attrs), target, failures)
+    assert failures == [] and unbound_blocks(scheduled) == []
+
+    spec = build.make_spec(op_name, dtype, I, H, attrs, {"kind": "cuda", "arch": arch})
+    executable = build.build(spec)
+    source = executable.mod.imports[0].inspect_source()
+    entries = set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(',
+                             source))
+    n = _launches(scheduled)
+    assert entries == {f"{spec.func_name}_kernel" + (f"_{i}" if i else "") for i in range(n)}
+    assert nvcc_compile(source, arch)[:4] == b"\x7fELF"  # a cubin for this architecture
+    path = tmp_path / f"{op_name}.so"
+    executable.export_library(str(path))
+    assert path.stat().st_size > len(source)  # the library carries the kernels
+
+
+def test_resolve_cuda_targets():
+    assert resolve_target("cuda").attrs["arch"] == cuda_arch()
+    assert resolve_target({"kind": "cuda"}).attrs["arch"] == cuda_arch()
+    assert resolve_target('{"kind": "cuda", "arch": "sm_90"}').attrs["arch"] == "sm_90"
+    assert target_name({"kind": "cuda", "arch": "sm_80"}) == "cuda sm_80"
+    assert target_name("llvm").startswith("llvm")
+    if not HAS_GPU:
+        assert cuda_arch() == DEFAULT_CUDA_ARCH
+    # The arch is part of the cache key.
+    specs = {build.make_spec("BlockLSTM", "float32", 4, 4, _attrs("BlockLSTM"), t)
+             for t in ({"kind": "cuda", "arch": "sm_80"}, {"kind": "cuda", "arch": "sm_90"})}
+    assert len(specs) == 2
+
+
+def test_empty_launches_are_guarded():
+    """Padded steps (``seq_len_max == T`` leaves none) must not run a block: TVM's runtime
+    launches a zero grid as one block."""
+    target = resolve_target({"kind": "cuda", "arch": "sm_80"})
+    func = schedule_for("BlockLSTM", _kernel("BlockLSTM", "float32", 4, 32, _attrs("BlockLSTM")),
+                        target)
+    guarded = []
+    tvm_ffi.structural_walk(func.body, [(tirx.IfThenElse, lambda node: guarded.append(
+        "pad\"" in node.then_case.script() and "blockIdx" in node.then_case.script()))])
+    assert any(guarded)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the behaviour without a GPU")
+def test_compile_without_gpu_builds_then_refuses_to_run():
+    op = lstm_tvm.compile("LSTMBlockCell", target="cuda", dtype="float32", input_size=3,
+                          cell_size=4)
+    assert op.device == tvm.cuda(0) and op.target.attrs["arch"] == DEFAULT_CUDA_ARCH
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        op()
+    inputs = testing.make_inputs("LSTMBlockCell", B=2, I=3, H=4)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        lstm_tvm.raw_ops.LSTMBlockCell(**inputs, target={"kind": "cuda", "arch": "sm_90"})
+    with pytest.raises(RuntimeError, match="no CUDA device"):
+        lstm_tvm.cell_grad_matmul(*(np.ones(s, "float32") for s in ((2, 3), (2, 4), (7, 16),
+                                                                  (2, 16))), target="cuda")
+
+
+# ---- the GPU schedules' results, on the CPU (thread bindings as serial loops) ----
+
+def _serial(func):
+    def visit(loop):
+        if loop.kind != tirx.ForKind.THREAD_BINDING:
+            return loop
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+                        None, loop.annotations)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, visit), order="post"))
+
+
+def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole):
+    attrs = _attrs(op_name, use_peephole)
+    failures = []
+    func = schedule_for(op_name, _kernel(op_name, dtype, I, H, attrs),
+                        resolve_target({"kind": "cuda", "arch": "sm_80"}), failures)
+    assert failures == []
+    with tvm.transform.PassContext(config={"tirx.instrument_bound_checkers": True}):
+        lib = tvm.compile(tvm.IRModule({"k": _serial(func).with_attr("global_symbol", "k")}),
+                          target="llvm")
+    dev = tvm.cpu()
+    if op_name == build.CELL_GRAD_MATMUL:
+        rng = np.random.default_rng(1)
+        inputs = dict(zip(("x", "h_prev", "w", "dicfo"), (
+            rng.uniform(-1, 1, s).astype(dtype) for s in ((B, I), (B, H), (I + H, 4 * H),
+                                                         (B, 4 * H)))))
+        expected = reference.cell_grad_matmul(**inputs)
+        shapes = {"x_grad": (B, I), "h_prev_grad": (B, H), "w_grad": (I + H, 4 * H),
+                  "b_grad": (4 * H,)}
+        names = list(inputs)
+    else:
+        op = registry.get_op(op_name)
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H,
+                                     T=T if op.kind == "sequence" else None,
+                                     seq_len_max=seq_len_max, attrs={"use_peephole": use_peephole})
+        expected = reference.run(op_name, inputs, attrs)
+        sig = validation.validate_inputs(op, inputs)
+        shapes = validation.expected_output_shapes(op, sig.sizes)
+        names = op.input_names
+    args = [int(inputs[n]) if n == "seq_len_max" else tvm.runtime.tensor(inputs[n], dev)
+            for n in names]
+    outs = [tvm.runtime.tensor(np.full(s, np.nan, dtype), dev) for s in shapes.values()]
+    lib["k"](*args, *outs)
+    for name, tensor in zip(shapes, outs):
+        testing.assert_close(tensor.numpy(), expected[name], dtype, f"{op_name}.{name}")
+
+
+def _semantics_cases():
+    for op_name in OPS:
+        sequence = op_name in registry.OPS and registry.get_op(op_name).kind == "sequence"
+        for dtype in DTYPES:
+            for T, L in ([(4, 4), (4, 2), (3, 0)] if sequence else [(None, None)]):
+                for peep in (False, True):
+                    default = dtype == "float32" and peep and L in (None, 2)
+                    yield pytest.param(op_name, dtype, T, L, peep,
+                                       id=f"{op_name}-{dtype}-T{T}-L{L}-peep{int(peep)}",
+                                       marks=[] if default else [pytest.mark.slow])
+
+
+@pytest.mark.parametrize("op_name, dtype, T, seq_len_max, use_peephole", list(_semantics_cases()))
+def test_gpu_schedule_semantics_on_cpu(op_name, dtype, T, seq_len_max, use_peephole):
+    _run_serialized(op_name, dtype, 3, T, seq_len_max, use_peephole)
+
+
+# ---- on a GPU ----
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("use_peephole", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op_name", list(registry.OPS))
+def test_ops_on_gpu(op_name, dtype, use_peephole):
+    op = registry.get_op(op_name)
+    attrs = {"use_peephole": use_peephole}
+    for B, I_, H_, T, L in ((1, 3, 5, 1, 1), (4, 7, 9, 5, 3), (16, 32, 64, 6, 6)):
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I_, H=H_,
+                                     T=T if op.kind == "sequence" else None,
+                                     seq_len_max=L if op.kind == "sequence" else None,
+                                     attrs=attrs, seed=B)
+        got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs, target="cuda")
+        expected = reference.run(op_name, inputs, attrs)
+        for name in op.output_names:
+            testing.assert_close(getattr(got, name), expected[name], dtype, f"{op_name}.{name}")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_compiled_op_on_gpu_tensors():
+    compiled = lstm_tvm.compile("BlockLSTMGradV2", target="cuda", input_size=8, cell_size=16,
+                                use_peephole=True)
+    assert compiled.device == tvm.cuda(0)
+    inputs = testing.make_inputs("BlockLSTMGradV2", B=3, I=8, H=16, T=4,
+                                 attrs={"use_peephole": True})
+    args = {n: v if n == "seq_len_max" else tvm.runtime.tensor(v, compiled.device)
+            for n, v in inputs.items()}
+    args["seq_len_max"] = int(inputs["seq_len_max"])
+    out = compiled(**args)
+    out = compiled(**args, out=out)
+    expected = reference.run("BlockLSTMGradV2", inputs, {"use_peephole": True})
+    for name in out._fields:
+        testing.assert_close(getattr(out, name).numpy(), expected[name], "float32", name)
+    grads = lstm_tvm.cell_grad_matmul(*(np.ones(s, "float32") for s in (
+        (2, 3), (2, 4), (7, 16), (2, 16))), target="cuda")
+    np.testing.assert_allclose(grads.b_grad, np.full(16, 2.0))
+
+
+if __name__ == "__main__":
+    tvm.testing.main()
