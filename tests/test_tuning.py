@@ -5,18 +5,19 @@ the tuning space directly (sampled schedules, timed here), which checks the data
 trip and that every schedule the space can produce computes the right thing in the kernels.
 """
 
-import json
+
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 import lstm_tvm
 from lstm_tvm import build, reference, testing
 from lstm_tvm._tvm import Schedule, resolve_target, tvm
-from lstm_tvm.cli import main
-from lstm_tvm.tuning import collect_tasks, database, space, tasks as task_mod
+from lstm_tvm.tuning import collect_tasks, database, space
+from lstm_tvm.tuning import tasks as task_mod
 
 SEQ_OPS = ("BlockLSTM", "BlockLSTMV2", "BlockLSTMGrad", "BlockLSTMGradV2")
 ALL_OPS = ("LSTMBlockCell", "LSTMBlockCellGrad") + SEQ_OPS
@@ -43,19 +44,25 @@ def _check_against_reference(op_name, I, H, shapes, attrs):
             testing.assert_close(getattr(got, name), ref[name], "float32", f"{op_name}.{name}")
 
 
+def _tune_cli(args):
+    """``lstm-tvm tune ARGS`` in a child process (MetaSchedule configures process-wide logging
+    and worker pools; a child keeps them out of the test run)."""
+    return subprocess.run([sys.executable, "-m", "lstm_tvm", "tune", *args], check=False,
+                          capture_output=True,
+                          text=True, timeout=900, env=dict(os.environ))
+
+
 def test_tune_command_writes_database_resumes_and_is_applied(schedules):
-    runner = CliRunner()
-    args = ["tune", "--ops", "LSTMBlockCell", "--shapes", "1x5x8x8", "--trials", "3",
-            "--seed", "1"]
-    result = runner.invoke(main, args)
-    assert result.exit_code == 0, result.output
+    args = ["--ops", "LSTMBlockCell", "--shapes", "1x5x8x8", "--trials", "3", "--seed", "1"]
+    result = _tune_cli(args)
+    assert result.returncode == 0, result.stdout + result.stderr
     folder = database.database_dir(resolve_target())
     assert folder.parent == schedules
     assert (folder / database.WORKLOAD_FILE).exists()
     assert _record_count(folder) == 3
-    assert "gates 8x32x16" in result.output
-    result = runner.invoke(main, args)  # resumes: the task already has its trials
-    assert result.exit_code == 0, result.output
+    assert "gates 8x32x16" in result.stdout
+    result = _tune_cli(args)  # resumes: the task already has its trials
+    assert result.returncode == 0, result.stdout + result.stderr
     assert _record_count(folder) == 3
     spec = build.make_spec("LSTMBlockCell", "float32", 8, 8,
                            {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": False})
@@ -143,3 +150,14 @@ def test_space_choices_divide_what_the_kernels_guarantee():
 def test_target_keys_name_the_machine():
     assert database.target_key(resolve_target({"kind": "llvm", "mcpu": "znver4"})) == "llvm-znver4"
     assert database.target_key(resolve_target({"kind": "cuda", "arch": "sm_90"})) == "cuda-sm_90"
+
+
+def test_an_unreadable_database_is_ignored_with_a_warning(schedules, caplog):
+    folder = database.database_dir(resolve_target())
+    folder.mkdir(parents=True)
+    (folder / database.WORKLOAD_FILE).write_text("")
+    (folder / database.RECORD_FILE).write_text('[0, [[["SampleCat')  # cut off mid-write
+    spec = build.make_spec("BlockLSTMGradV2", "float32", 8, 8, {"use_peephole": False})
+    assert spec.tuned == ()
+    assert "ignoring the tuning database" in caplog.text
+    _check_against_reference("BlockLSTMGradV2", 8, 8, [(3, 2)], {"use_peephole": False})

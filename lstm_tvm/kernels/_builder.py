@@ -28,7 +28,8 @@ ROW_TILE = 8
 #: divisor of it without bounds checks.
 K_SLAB = 256
 
-_FIXED_SIZES: contextvars.ContextVar[dict] = contextvars.ContextVar("fixed_sizes", default={})
+_FIXED_SIZES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fixed_sizes",
+                                                                            default=None)
 
 
 @contextlib.contextmanager
@@ -91,7 +92,7 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
     ``with`` block for the PrimFunc.
     """
     sizes = {"T": tirx.Var("T", "int64"), "B": tirx.Var("B", "int64"),
-             **_FIXED_SIZES.get(), "I": input_size, "H": cell_size}
+             **(_FIXED_SIZES.get() or {}), "I": input_size, "H": cell_size}
     specs = list(params) if params else list(op.inputs) + list(op.outputs)
     with IRBuilder() as builder:
         with T.prim_func(s_tir=True):

@@ -20,9 +20,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from tvm.sym import Analyzer
-
 from tvm.s_tir.schedule import Trace
+from tvm.sym import Analyzer
 
 from .._tvm import Schedule, tirx
 from ..kernels._builder import ROW_TILE
@@ -80,14 +79,14 @@ def schedule_for(op_name: str, func, target, failures: list | None = None,
     sch = Schedule(func)
     names = [sch.get(b).name_hint for b in _leaf_blocks(sch)]
     for name in names:
-        ways = [lambda s: _schedule_block(s, s.get_sblock(name))]
+        ways = [lambda s, name=name: _schedule_block(s, s.get_sblock(name))]
         if tuned and name in tuned:
-            ways.insert(0, lambda s: Trace.apply_json_to_schedule(tuned[name], s))
+            ways.insert(0, lambda s, trace=tuned[name]: Trace.apply_json_to_schedule(trace, s))
         for way in ways:
             trial = sch.copy()
             try:
                 way(trial)
-            except Exception as err:  # the trial is discarded
+            except Exception as err:  # noqa: BLE001 (any failure: the trial is discarded)
                 log.warning("lstm_tvm: %s: block %s: %s %s failed: %s", op_name, name,
                             "tuned" if len(ways) > 1 and way is ways[0] else "default",
                             "schedule", str(err).splitlines()[-1][:200])

@@ -1,8 +1,16 @@
 """Tuning with MetaSchedule: sessions, task extraction, databases under ``schedules/``."""
 
-from .database import tuned_blocks, database_dir, target_key
+from .database import database_dir, target_key, tuned_blocks
 from .session import TaskResult, collect_tasks, tune
 from .tasks import Task, kernel_gemms
 
-__all__ = ["tune", "collect_tasks", "TaskResult", "Task", "kernel_gemms", "tuned_blocks",
-           "database_dir", "target_key"]
+__all__ = [
+           "Task",
+           "TaskResult",
+           "collect_tasks",
+           "database_dir",
+           "kernel_gemms",
+           "target_key",
+           "tune",
+           "tuned_blocks",
+]

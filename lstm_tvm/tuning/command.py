@@ -35,8 +35,8 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     rerun to continue). compile() and raw_ops use the best record of each block for kernels
     of the same target, input and cell size, whatever T and B.
     """
-    from ..bench import parse_shapes
     from .._tvm import resolve_target
+    from ..bench import parse_shapes
     from ..cli import _split_choices, format_table
     from .database import database_dir
     from .session import tune

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -16,7 +17,9 @@ from .. import env
 from .space import describe
 from .tasks import Task, task_of
 
-__all__ = ["target_key", "database_dir", "open_database", "tuned_blocks", "Best"]
+__all__ = ["Best", "database_dir", "open_database", "target_key", "tuned_blocks"]
+
+log = logging.getLogger(__name__)
 
 WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
@@ -102,10 +105,15 @@ def trial_counts(target, root: Path | None = None) -> dict[Task, int]:
 def _load(stamp, key: str) -> tuple[dict[Task, Best], dict[Task, int]]:
     from .._tvm import tvm  # noqa: F401  (registers the IR types the JSON names)
 
-    db = open_database(Path(stamp[0]).parent)
     best: dict[Task, Best] = {}
     counts: dict[Task, int] = {}
-    for record in db.get_all_tuning_records():
+    try:
+        records = open_database(Path(stamp[0]).parent).get_all_tuning_records()
+    except Exception as err:  # noqa: BLE001 (an unreadable database must not stop a compile)
+        log.warning("lstm_tvm: ignoring the tuning database in %s: %s", Path(stamp[0]).parent,
+                    str(err).splitlines()[-1][:200] if str(err) else type(err).__name__)
+        return best, counts
+    for record in records:
         task = task_of(record.workload.mod)
         if task is None or record.target is None or target_key(record.target) != key:
             continue

@@ -19,10 +19,10 @@ from .._tvm import configure_threads, resolve_target
 from ..registry import OPS, get_op
 from ..validation import validate_attrs
 from . import database
-from .tasks import CELL_GRAD_MATMUL, Task, tasks_for, workload
 from .space import space
+from .tasks import CELL_GRAD_MATMUL, Task, tasks_for, workload
 
-__all__ = ["collect_tasks", "tune", "TaskResult"]
+__all__ = ["TaskResult", "collect_tasks", "tune"]
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class TaskResult:
 
     task: Task
     trials: int
-    best: "database.Best | None"
+    best: database.Best | None
 
 
 def collect_tasks(ops, dtypes, shapes) -> list[Task]:
@@ -82,6 +82,9 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
 def _search(todo, n_tasks, target, db, progress, seed) -> None:
     from tvm.s_tir import meta_schedule as ms
 
+    # MetaSchedule's console handler takes this logger's level (DEBUG if unset); its files
+    # keep everything. The progress bar is the console's report.
+    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
     bar = _progress(sum(n for _, n in todo), n_tasks, progress)
     logs = Path(tempfile.mkdtemp(prefix="tune-", dir=_log_root()))
     builder = _in_process_builder()
@@ -168,5 +171,5 @@ def _progress_callback():
     return Progress
 
 
-def _Progress(bar):  # noqa: N802 (a class made on first use: it needs TVM's FFI registry)
+def _Progress(bar):
     return _progress_callback()(bar)

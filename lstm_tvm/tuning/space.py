@@ -14,7 +14,7 @@ from ..kernels._builder import ROW_TILE
 from ..schedule.rules import GemmTile, apply_gemm
 from .tasks import Task
 
-__all__ = ["choices", "designs", "space", "describe"]
+__all__ = ["choices", "describe", "designs", "space"]
 
 
 def choices(task: Task) -> dict[str, list[int]]:

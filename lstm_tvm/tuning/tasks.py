@@ -11,13 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .._tvm import IRBuilder, TB as T, tirx, tvm
+from .._tvm import TB as T
+from .._tvm import IRBuilder, tirx, tvm
 from ..kernels import BUILDERS, cell_grad_matmul
 from ..kernels._builder import K_SLAB, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes, gemm
 from ..kernels._gates import f32
 from ..registry import get_op
 
-__all__ = ["Task", "kernel_gemms", "tasks_for", "TASK_ATTR"]
+__all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
 #: PrimFunc attribute holding a task's description (JSON), read back from databases.
 TASK_ATTR = "lstm_tvm.gemm"
@@ -33,7 +34,7 @@ def _build(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
 
 def _multiple(extent) -> int:
     """The largest of (extent itself if constant, K_SLAB, ROW_TILE, 1) known to divide it."""
-    if isinstance(extent, int) or isinstance(extent, tirx.IntImm):
+    if isinstance(extent, (int, tirx.IntImm)):
         return int(extent)
     from tvm.sym import Analyzer
     for m in (K_SLAB, ROW_TILE):
@@ -87,7 +88,7 @@ class Task:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "Task":
+    def from_json(cls, text: str) -> Task:
         return cls(**json.loads(text))
 
     def primfunc(self):
@@ -96,16 +97,15 @@ class Task:
         b_layout, b_dtype = self.b.split(":")
         a_shape = (self.M, self.K) if a_layout == "mk" else (self.K, self.M)
         b_shape = (self.K, self.N) if b_layout == "kn" else (self.N, self.K)
-        with IRBuilder() as builder:
-            with T.prim_func(s_tir=True):
-                T.func_name("main")
-                T.func_attr({"tirx.noalias": True, TASK_ATTR: self.to_json()})
-                a = T.arg("a", T.Buffer(a_shape, a_dtype))
-                b = T.arg("b", T.Buffer(b_shape, b_dtype))
-                c = T.arg("c", T.Buffer((self.M, self.N), "float32"))
-                gemm(self.name, c, self.M, self.N, self.K,
-                     lambda m, k: f32(a[m, k] if a_layout == "mk" else a[k, m]),
-                     lambda k, n: f32(b[k, n] if b_layout == "kn" else b[n, k]), pad=False)
+        with IRBuilder() as builder, T.prim_func(s_tir=True):
+            T.func_name("main")
+            T.func_attr({"tirx.noalias": True, TASK_ATTR: self.to_json()})
+            a = T.arg("a", T.Buffer(a_shape, a_dtype))
+            b = T.arg("b", T.Buffer(b_shape, b_dtype))
+            c = T.arg("c", T.Buffer((self.M, self.N), "float32"))
+            gemm(self.name, c, self.M, self.N, self.K,
+                 lambda m, k: f32(a[m, k] if a_layout == "mk" else a[k, m]),
+                 lambda k, n: f32(b[k, n] if b_layout == "kn" else b[n, k]), pad=False)
         return builder.get()
 
 
