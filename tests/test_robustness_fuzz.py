@@ -63,7 +63,7 @@ class Case:
     op: str
     path: str  # "raw_ops" or "compile"
     dtype: str
-    I: int  # noqa: E741
+    I: int
     H: int
     T: int | None
     B: int
@@ -191,7 +191,7 @@ def _case_strategy(st):
         op_name = draw(st.sampled_from(list(OPS)))
         op = OPS[op_name]
         path = draw(st.sampled_from(["raw_ops", "compile"]))
-        I, H, dtypes = draw(st.sampled_from(SIZE_SETS))  # noqa: E741
+        I, H, dtypes = draw(st.sampled_from(SIZE_SETS))
         dtype = draw(st.sampled_from(dtypes))
         T = draw(st.integers(0, 5)) if op.kind == "sequence" else None
         B = draw(st.integers(0, 3))
@@ -599,6 +599,13 @@ def normalise(msg: str) -> str:
 
 def fuzz_main(examples: int, out_path: str) -> int:
     """The child's entry point: run the property, write the statistics as JSON."""
+    return run_property(Runner(out_path + ".case"), lambda st: _case_strategy(st), examples,
+                        out_path)
+
+
+def run_property(runner, strategy, examples: int, out_path: str) -> int:
+    """Run ``runner.run`` on ``examples`` derandomized cases drawn from ``strategy(st)`` and
+    write the runner's statistics to ``out_path`` as JSON (the fuzz children's main)."""
     import faulthandler
     import warnings
 
@@ -607,12 +614,11 @@ def fuzz_main(examples: int, out_path: str) -> int:
 
     faulthandler.enable()
     warnings.simplefilter("ignore")
-    runner = Runner(out_path + ".case")
     start = time.perf_counter()
 
     @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
               suppress_health_check=list(HealthCheck), print_blob=True)
-    @given(case=_case_strategy(st))
+    @given(case=strategy(st))
     def prop(case):
         runner.run(case)
 

@@ -30,7 +30,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 import tracemalloc
 
 import numpy as np
@@ -108,7 +107,7 @@ def case_strategy(st, path: str):
     def cases(draw):
         op_name = draw(st.sampled_from(list(OPS)))
         op = OPS[op_name]
-        I, H, dtypes = base.SIZE_SETS[0]  # noqa: E741
+        I, H, dtypes = base.SIZE_SETS[0]
         dtype = draw(st.sampled_from(dtypes)) if path == "compiled" else EXPORT["dtype"]
         # float16 without peephole only: 18 kernels to compile, not 24 (compiles dominate)
         peephole = path == "exported" or (dtype == "float32" and draw(st.booleans()))
@@ -361,29 +360,8 @@ class CallableRunner(base.Runner):
 
 def callables_main(path: str, examples: int, out_path: str, export_dir: str | None) -> int:
     """The child's entry point: run the property for ``path``, write the statistics as JSON."""
-    import faulthandler
-    import warnings
-
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
-
-    faulthandler.enable()
-    warnings.simplefilter("ignore")
     runner = CallableRunner(out_path + ".case", path, export_dir)
-    start = time.perf_counter()
-
-    @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), print_blob=True)
-    @given(case=case_strategy(st, path))
-    def prop(case):
-        runner.run(case)
-
-    prop()
-    with open(out_path, "w") as fh:
-        json.dump({"stats": dict(runner.stats), "messages": dict(runner.messages),
-                   "unnamed": dict(runner.unnamed), "builds": runner.builds,
-                   "seconds": time.perf_counter() - start}, fh, indent=1)
-    return 0
+    return base.run_property(runner, lambda st: case_strategy(st, path), examples, out_path)
 
 
 # --- the tests -------------------------------------------------------------------------------

@@ -161,3 +161,11 @@ def test_an_unreadable_database_is_ignored_with_a_warning(schedules, caplog):
     assert spec.tuned == ()
     assert "ignoring the tuning database" in caplog.text
     _check_against_reference("BlockLSTMGradV2", 8, 8, [(3, 2)], {"use_peephole": False})
+
+
+def test_tuning_a_cuda_target_is_refused_clearly(schedules):
+    from lstm_tvm.tuning import tune
+
+    with pytest.raises(ValueError, match="tuning cuda targets is not supported"):
+        tune(["LSTMBlockCell"], target={"kind": "cuda", "arch": "sm_90"}, progress=False)
+    assert not schedules.exists()

@@ -45,6 +45,7 @@ from tvm.sym import Analyzer
 
 from .._tvm import Schedule, tirx
 from .gpu_ir import guard_empty_launches, hoist_allocations, isolated, unbound_blocks
+from .rules import leaf_blocks
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
     func = hoist_allocations(func)
     max_threads = _max_threads(target)
     sch = Schedule(func)
-    blocks = [(sch.get(b).name_hint, _rule_for(sch, b)) for b in _leaf_blocks(sch)]
+    blocks = [(sch.get(b).name_hint, _rule_for(sch, b)) for b in leaf_blocks(sch)]
     for name, rule in blocks:
         try:
             if rule is _schedule_gemm:
@@ -148,20 +149,6 @@ def _max_threads(target) -> int:
         if value is not None:
             return int(value)
     return 1024
-
-
-def _leaf_blocks(sch: Schedule):
-    out = []
-
-    def visit(parent):
-        for child in sch.get_child_blocks(parent):
-            if sch.get_child_blocks(child):
-                visit(child)
-            else:
-                out.append(child)
-
-    visit(sch.get_sblock("root"))
-    return out
 
 
 def _const(extent):

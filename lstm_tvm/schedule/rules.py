@@ -77,7 +77,7 @@ def schedule_for(op_name: str, func, target, failures: list | None = None,
     if str(target.kind.name) != "llvm":
         return func
     sch = Schedule(func)
-    names = [sch.get(b).name_hint for b in _leaf_blocks(sch)]
+    names = [sch.get(b).name_hint for b in leaf_blocks(sch)]
     for name in names:
         ways = [lambda s, name=name: _schedule_block(s, s.get_sblock(name))]
         if tuned and name in tuned:
@@ -98,7 +98,8 @@ def schedule_for(op_name: str, func, target, failures: list | None = None,
     return sch.mod["main"]
 
 
-def _leaf_blocks(sch: Schedule):
+def leaf_blocks(sch: Schedule) -> list:
+    """Every block of ``sch`` without child blocks (inside ``step`` blocks too), in order."""
     out = []
 
     def visit(parent):

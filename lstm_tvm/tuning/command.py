@@ -52,7 +52,10 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     except Exception as exc:  # noqa: BLE001 (TVM raises several types)
         raise click.BadParameter(str(exc).splitlines()[0], param_hint="--target") from None
     start = time.perf_counter()
-    results = tune(ops, dts, shape_list, resolved, trials, root=schedules_dir, seed=seed)
+    try:
+        results = tune(ops, dts, shape_list, resolved, trials, root=schedules_dir, seed=seed)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
     rows = []
     for r in results:
         b = r.best

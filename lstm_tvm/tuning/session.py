@@ -66,6 +66,9 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     are topped up, not restarted.
     """
     target = resolve_target(target)
+    if str(target.kind.name) != "llvm":
+        raise ValueError(f"tuning {target.kind.name} targets is not supported yet: the tile "
+                         f"space schedules CPU loops (llvm targets only)")
     configure_threads()
     folder = database.database_dir(target, root)
     db = database.open_database(folder, create=True)
