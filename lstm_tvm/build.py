@@ -91,6 +91,17 @@ def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
 def _tuned_records(op, dtype, input_size, cell_size, attrs, target) -> tuple:
     from .tuning import database
 
+    return _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_key(target),
+                             database.stamp(target))
+
+
+@functools.lru_cache(maxsize=256)
+def _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_json, stamp) -> tuple:
+    """The records of :func:`_tuned_records`, cached per database state (``stamp``): building
+    them serialises traces, too slow for every ``raw_ops`` call."""
+    from .tuning import database
+
+    target = resolve_target(json.loads(target_json))
     found = database.tuned_blocks(target, _gemm_blocks(op, dtype, input_size, cell_size, attrs))
     return tuple(sorted((name, best.task.key, database.trace_to_json(best.trace))
                         for name, best in found.items()))
@@ -103,18 +114,20 @@ def _gemm_blocks(op, dtype, input_size, cell_size, attrs) -> tuple:
     return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs)))
 
 
+def kernel_func(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
+    """The unscheduled PrimFunc of ``op`` (a TF op name or :data:`CELL_GRAD_MATMUL`)."""
+    if op == CELL_GRAD_MATMUL:
+        return cell_grad_matmul(dtype, input_size, cell_size)
+    return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
+
+
 def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
-    attrs = dict(spec.attrs)
-    if spec.op == CELL_GRAD_MATMUL:
-        func = cell_grad_matmul(spec.dtype, spec.input_size, spec.cell_size)
-    else:
-        func = BUILDERS[spec.op](get_op(spec.op), spec.dtype, spec.input_size, spec.cell_size, attrs)
+    func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size, dict(spec.attrs))
     target = resolve_target(json.loads(spec.target))
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
-    func = schedule_for(spec.op, func, target, failures, tuned=tuned) if tuned else schedule_for(
-        spec.op, func, target, failures)
+    func = schedule_for(spec.op, func, target, failures, tuned=tuned)
     return func.with_attr("global_symbol", spec.func_name)
 
 

@@ -79,6 +79,12 @@ class Best:
                 "trials": self.trials}
 
 
+def stamp(target, root: Path | None = None):
+    """The identity of ``target``'s record file as it is now (path, mtime, size), or None:
+    what cached lookups are keyed by, so new records are seen at once."""
+    return _stamp(database_dir(target, root))
+
+
 def _stamp(folder: Path):
     path = folder / RECORD_FILE
     try:

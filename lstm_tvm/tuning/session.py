@@ -16,11 +16,12 @@ from pathlib import Path
 
 from .. import env
 from .._tvm import configure_threads, resolve_target
+from ..build import CELL_GRAD_MATMUL
 from ..registry import OPS, get_op
 from ..validation import validate_attrs
 from . import database
 from .space import space
-from .tasks import CELL_GRAD_MATMUL, Task, tasks_for, workload
+from .tasks import Task, tasks_for, workload
 
 __all__ = ["TaskResult", "collect_tasks", "tune"]
 
@@ -104,7 +105,8 @@ def _search(todo, n_tasks, target, db, progress, seed) -> None:
                 tasks=[ctx], task_weights=[1.0], work_dir=str(logs),
                 max_trials_global=count, num_trials_per_iter=min(count, 16),
                 database=db, task_scheduler="round-robin", builder=builder, runner=runner,
-                measure_callbacks=[*ms.MeasureCallback.create("default"), _Progress(bar)])
+                measure_callbacks=[*ms.MeasureCallback.create("default"),
+                                   _progress_callback()(bar)])
     finally:
         bar.close()
 
@@ -172,7 +174,3 @@ def _progress_callback():
             self.bar.update(len(measure_candidates))
 
     return Progress
-
-
-def _Progress(bar):
-    return _progress_callback()(bar)

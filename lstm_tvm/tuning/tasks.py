@@ -13,24 +13,14 @@ import json
 
 from .._tvm import TB as T
 from .._tvm import IRBuilder, tirx, tvm
-from ..kernels import BUILDERS, cell_grad_matmul
+from ..build import kernel_func
 from ..kernels._builder import K_SLAB, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes, gemm
 from ..kernels._gates import f32
-from ..registry import get_op
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
 #: PrimFunc attribute holding a task's description (JSON), read back from databases.
 TASK_ATTR = "lstm_tvm.gemm"
-
-CELL_GRAD_MATMUL = "CellGradMatmul"
-
-
-def _build(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
-    if op == CELL_GRAD_MATMUL:
-        return cell_grad_matmul(dtype, input_size, cell_size)
-    return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
-
 
 def _multiple(extent) -> int:
     """The largest of (extent itself if constant, K_SLAB, ROW_TILE, 1) known to divide it."""
@@ -47,7 +37,7 @@ def _multiple(extent) -> int:
 def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict) -> list[GemmBlock]:
     """The GEMM blocks of a kernel built with symbolic ``T`` and ``B``."""
     with capture_gemms() as found:
-        _build(op, dtype, input_size, cell_size, attrs)
+        kernel_func(op, dtype, input_size, cell_size, attrs)
     return found
 
 
@@ -118,7 +108,7 @@ def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
     """The tasks of ``op``'s kernel at ``T = steps``, ``B = batch`` (``seq_len_max = T``)."""
     symbolic = kernel_gemms(op, dtype, input_size, cell_size, attrs)
     with fixed_sizes(T=steps, B=batch), capture_gemms() as fixed:
-        _build(op, dtype, input_size, cell_size, attrs)
+        kernel_func(op, dtype, input_size, cell_size, attrs)
     tasks = []
     for sym, blk in zip(symbolic, fixed):
         assert sym.name == blk.name
