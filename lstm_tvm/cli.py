@@ -339,3 +339,9 @@ main.add_command(_bench_command, "bench")
 from .tuning.command import command as _tune_command  # noqa: E402
 
 main.add_command(_tune_command, "tune")
+
+# --- convert (lstm_tvm.convert) -----------------------------------------------------------------
+
+from .convert.command import command as _convert_command
+
+main.add_command(_convert_command, "convert")
