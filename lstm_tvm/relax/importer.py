@@ -1,0 +1,194 @@
+"""``from_onnx``: TVM's Relax ONNX importer, extended with lstm_tvm's converters.
+
+TVM's ``from_onnx`` takes no custom converters: its importer looks ops up in a module-level
+map by op type alone (``_get_convert_map``). :class:`LSTMGraphImporter` subclasses TVM's
+``ONNXGraphImporter`` and consults lstm_tvm's converters first, keyed by domain and op type
+(standard ``LSTM``; the six ops of ``org.lstm_tvm``), so that nothing global changes and every
+other node still goes through TVM's own converters.
+"""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import onnx
+import tvm
+from tvm import relax
+from tvm.error import OpError, OpNotImplemented
+from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map, onnx_input
+
+from ..onnx.domain import DOMAIN, DOMAIN_VERSION
+from .context import NodeContext, node_label
+from .custom_ops import CUSTOM_CONVERTERS
+from .kernel_calls import KernelTable
+from .onnx_lstm import LSTM
+
+__all__ = ["LSTMGraphImporter", "from_onnx"]
+
+_STANDARD_DOMAINS = ("", "ai.onnx")
+#: Handled by TVM's importer outside its converter map.
+_TVM_DIRECT_OPS = ("If", "Constant")
+
+
+class LSTMGraphImporter(ONNXGraphImporter):
+    """TVM's ``ONNXGraphImporter`` that converts ``LSTM`` and ``org.lstm_tvm`` nodes with
+    lstm_tvm's kernels (see :func:`from_onnx` for the parameters)."""
+
+    def __init__(self, shape_dict, dtype_dict, *, kernels: KernelTable, domain_version: int,
+                 keep_params_in_input: bool = False, sanitize: bool = True):
+        super().__init__(shape_dict, dtype_dict, keep_params_in_input=keep_params_in_input,
+                         sanitize=sanitize)
+        self._kernels = kernels
+        self._domain_version = domain_version
+
+    def _lstm_tvm_converter(self, domain: str, op_type: str):
+        """``(converter class, version)`` when lstm_tvm converts this op, else ``None``."""
+        if domain in _STANDARD_DOMAINS and op_type == "LSTM":
+            return LSTM, self.opset
+        if domain == DOMAIN and op_type in CUSTOM_CONVERTERS:
+            return CUSTOM_CONVERTERS[op_type], self._domain_version
+        return None
+
+    def _check_for_unsupported_ops(self, graph):
+        """Every op neither lstm_tvm nor TVM converts, in one ``OpNotImplemented``; then every
+        lstm_tvm node's attributes, every refusal in one error."""
+        tvm_ops = _get_convert_map()
+        unsupported = set()
+        for node in graph.node:
+            if self._lstm_tvm_converter(node.domain, node.op_type) is not None:
+                continue
+            if node.domain == DOMAIN:
+                unsupported.add(f"{DOMAIN}.{node.op_type} (lstm_tvm's domain holds "
+                                f"{', '.join(CUSTOM_CONVERTERS)})")
+            elif node.op_type not in tvm_ops and node.op_type not in _TVM_DIRECT_OPS:
+                unsupported.add(f"{node.domain}.{node.op_type}" if node.domain
+                                else node.op_type)
+        if unsupported:
+            raise OpNotImplemented("The following operators are not supported for frontend "
+                                   "ONNX: " + ", ".join(sorted(unsupported)))
+        errors = []
+        for node in graph.node:
+            found = self._lstm_tvm_converter(node.domain, node.op_type)
+            if found is not None:
+                cls, version = found
+                try:
+                    cls.check_attrs(self._parse_attr(node.attribute), node_label(node), version)
+                except OpError as err:
+                    errors.append(err)
+        if len(errors) == 1:
+            raise errors[0]
+        if errors:
+            raise type(errors[0])("\n".join(str(e) for e in errors))
+
+    def _construct_nodes(self, graph):
+        for node in graph.node:
+            found = self._lstm_tvm_converter(node.domain, node.op_type)
+            if found is None:  # TVM's loop reads only ``graph.node``
+                super()._construct_nodes(types.SimpleNamespace(node=[node]))
+                continue
+            inputs = onnx_input(self._nodes[name] if name else None for name in node.input)
+            attrs = self._parse_attr(node.attribute)
+            attrs["tvm_custom"] = {"name": node.name, "num_outputs": len(node.output)}
+            result = self._convert_with(found, node_label(node), inputs, attrs)
+            if isinstance(result, relax.Tuple):
+                fields = list(result.fields)
+            else:
+                fields = [self.bb.emit(relax.TupleGetItem(result, k))
+                          for k in range(len(result.ty.fields))]
+            if len(node.output) > len(fields):
+                raise ValueError(f"{node_label(node)}: expected at most {len(fields)} outputs, "
+                                 f"got {len(node.output)}")
+            self._nodes.update((name, value) for name, value in zip(node.output, fields) if name)
+
+    def _convert_operator(self, op_name, inputs, attrs, opset):
+        # Reached for TVM's own ops, and for the nodes of If branches (TVM's importer converts
+        # those itself and does not pass their domain on).
+        found = self._lstm_tvm_converter(DOMAIN if op_name in CUSTOM_CONVERTERS else "",
+                                         op_name)
+        if found is None:
+            return super()._convert_operator(op_name, inputs, attrs, opset)
+        return self._convert_with(found, f"{op_name} node {attrs['tvm_custom']['name']!r}",
+                                  inputs, attrs)
+
+    def _convert_with(self, found, label: str, inputs, attrs):
+        cls, version = found
+        ctx = NodeContext(label, self._kernels)
+        return self.bb.normalize(cls.get_converter(version)(self.bb, inputs, attrs, ctx))
+
+
+def _opset_versions(model: onnx.ModelProto) -> tuple[int, int]:
+    """``(ai.onnx opset, org.lstm_tvm version)`` the model imports (ONNX's rule: 1 when the
+    default domain is not imported; :data:`DOMAIN_VERSION` when lstm_tvm's is not)."""
+    versions = {o.domain: o.version for o in model.opset_import}
+    standard = versions.get("", versions.get("ai.onnx", 1))
+    custom = versions.get(DOMAIN, DOMAIN_VERSION)
+    if custom != DOMAIN_VERSION:
+        raise ValueError(f"model imports {DOMAIN} version {custom}; lstm_tvm defines version "
+                         f"{DOMAIN_VERSION}")
+    return standard, custom
+
+
+def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
+              dtype_dict: str | dict | None = None, target=None, *, opset: int | None = None,
+              keep_params_in_input: bool = False, sanitize_input_names: bool = True,
+              tuned: bool = True) -> tvm.IRModule:
+    """Import an ONNX model into a Relax ``IRModule``; ``LSTM`` nodes and lstm_tvm's
+    custom-domain nodes become ``call_tir`` of lstm_tvm's kernels, every other node goes
+    through TVM's ``tvm.relax.frontend.onnx`` converters.
+
+    Compile the result with ``tvm.compile(mod, target)`` for the same ``target`` and run it
+    on ``relax.VirtualMachine``: ``vm["main"](*inputs)`` (graph inputs in order, initializers
+    folded in unless ``keep_params_in_input``).
+
+    Parameters
+    ----------
+    model : onnx.ModelProto
+        The model (IR version >= 3).
+    shape_dict : dict of str to shape, optional
+        Overrides graph inputs' shapes (ints, or ``tvm.tirx.Var`` for symbolic dims).
+    dtype_dict : str or dict of str to str, optional
+        Overrides graph inputs' dtypes (a dict; a str is ignored, as in TVM).
+    target : str, dict or tvm.target.Target, optional
+        What lstm_tvm's kernels are scheduled for: ``"llvm"`` (default: this CPU), ``"cuda"``,
+        a target JSON dict or a ``Target`` (see :func:`lstm_tvm.compile`).
+    opset : int, optional
+        Overrides the model's ``ai.onnx`` opset.
+    keep_params_in_input : bool
+        Initializers become trailing function parameters (``mod["main"].attrs["params"]``
+        holds their values) instead of constants; LSTM weights are then re-laid out by Relax
+        ops at run time rather than folded at import.
+    sanitize_input_names : bool
+        Make graph input names valid Relax identifiers.
+    tuned : bool
+        Apply this target's tuning records to the kernels (see ``lstm-tvm tune``).
+
+    Raises
+    ------
+    tvm.error.OpNotImplemented
+        Ops neither lstm_tvm nor TVM converts (all listed).
+    tvm.error.OpAttributeUnImplemented, tvm.error.OpAttributeInvalid
+        ``LSTM`` or custom-op attributes the kernels cannot compute (every refusal listed,
+        naming the node, attribute and value).
+    ValueError, TypeError
+        Shapes or dtypes the kernels cannot take (non-static ``I``/``H``, float64, ...), a
+        constant ``seq_len_max`` outside ``[0, T]``, or a model importing ``org.lstm_tvm`` at
+        a version other than :data:`~lstm_tvm.onnx.DOMAIN_VERSION`.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        raise TypeError(f"model: expected an onnx.ModelProto, got {type(model).__name__}")
+    if model.ir_version < 3:
+        raise ValueError(f"model: IR version {model.ir_version} is not supported (>= 3)")
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:  # noqa: BLE001 - TVM's importer only warns as well
+        warnings.warn(f"onnx.checker: {err}", stacklevel=2)
+    standard, custom = _opset_versions(model)
+    if opset is not None and opset < standard:
+        warnings.warn(f"opset {opset} overrides the model's ai.onnx opset {standard}",
+                      stacklevel=2)
+    importer = LSTMGraphImporter(
+        shape_dict, dtype_dict, kernels=KernelTable(target, tuned), domain_version=custom,
+        keep_params_in_input=keep_params_in_input, sanitize=sanitize_input_names)
+    return importer.from_onnx(model.graph, standard if opset is None else opset)
+

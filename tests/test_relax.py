@@ -1,0 +1,489 @@
+"""ONNX -> Relax import (``lstm_tvm.relax.from_onnx``), compiled with ``tvm.compile`` and run on
+Relax's VM, against independent truths.
+
+Truths: ONNX ``LSTM`` against onnxruntime's own LSTM kernel (``layout = 1``, which onnxruntime
+refuses, against its time-major twin model with transposed inputs and outputs); lstm_tvm's
+custom ops against the float64 NumPy reference (:mod:`lstm_tvm.reference`), and one custom-op
+model holding standard ops against onnxruntime running the op's ONNX function.
+
+Tolerances: against the float64 reference, the dtype's row of :data:`lstm_tvm.testing.TOLERANCE`
+(the kernels' own bound). Against onnxruntime, whose float32 LSTM is itself a float32 result,
+the sum of two float32 rows (each side within one row of the exact value; measured differences
+here are ~1e-7). float16 imports are compared with onnxruntime's float32 LSTM on the same
+float16-rounded values: the float16 row (the kernel, plus the import's single float16 rounding
+of ``Wb + Rb``, <= 0.5 ulp of a bias ~0.5) plus the float32 row.
+"""
+
+import functools
+import re
+import shutil
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+import tvm.testing
+from onnx import TensorProto, helper, numpy_helper
+from tvm import relax
+from tvm.error import OpAttributeInvalid, OpAttributeUnImplemented, OpNotImplemented
+
+from lstm_tvm import onnx as lo
+from lstm_tvm import reference, testing
+from lstm_tvm.registry import OPS
+from lstm_tvm.relax import from_onnx
+
+ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the truth for ONNX LSTM")
+
+T, B, I, H = 5, 3, 4, 6
+#: A second (T, B) run by the same compiled module: T and B are symbolic.
+T2, B2 = 2, 1
+OPSET = 21
+ELEM = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16,
+        "float64": TensorProto.DOUBLE}
+
+
+def _ort_tol(dtype):
+    (r16, a16), (r32, a32) = testing.tolerance(dtype), testing.tolerance("float32")
+    return (r16 + r32, a16 + a32)
+
+
+# --- ONNX LSTM models ---------------------------------------------------------------------
+
+def _lstm_weights(D, dtype, peephole, seed):
+    rng = np.random.default_rng(seed)
+    scale = 1.0 / np.sqrt(I + H)
+    w = {"W": rng.uniform(-scale, scale, (D, 4 * H, I)),
+         "R": rng.uniform(-scale, scale, (D, 4 * H, H)),
+         "B": rng.uniform(-0.5, 0.5, (D, 8 * H))}
+    if peephole:
+        w["P"] = rng.uniform(-0.5, 0.5, (D, 3 * H))
+    return {k: v.astype(dtype) for k, v in w.items()}
+
+
+def lstm_model(direction="forward", layout=0, peephole=False, lengths=False, initial=True,
+               weights_as_inputs=False, dtype="float32", opset=OPSET, seed=0, name="lstm",
+               **attrs):
+    """``(model, weights)``: one LSTM node named ``name``, ``T`` and ``B`` symbolic, weights as
+    initializers (or graph inputs), graph outputs Y, Y_h, Y_c."""
+    D = 2 if direction == "bidirectional" else 1
+    weights = _lstm_weights(D, dtype, peephole, seed)
+    elem = ELEM[dtype]
+    x_dims = ["B", "T", I] if layout else ["T", "B", I]
+    s_dims = ["B", D, H] if layout else [D, "B", H]
+    inputs = [helper.make_tensor_value_info("X", elem, x_dims)]
+    if lengths:
+        inputs.append(helper.make_tensor_value_info("sequence_lens", TensorProto.INT32, ["B"]))
+    if initial:
+        inputs += [helper.make_tensor_value_info(n, elem, s_dims)
+                   for n in ("initial_h", "initial_c")]
+    initializers = []
+    for key, value in weights.items():
+        if weights_as_inputs:
+            inputs.append(helper.make_tensor_value_info(key, elem, list(value.shape)))
+        else:
+            initializers.append(numpy_helper.from_array(value, key))
+    node_inputs = ["X", "W", "R", "B", "sequence_lens" if lengths else "",
+                   "initial_h" if initial else "", "initial_c" if initial else "",
+                   "P" if peephole else ""]
+    if layout:
+        attrs["layout"] = layout
+    node = helper.make_node("LSTM", node_inputs, ["Y", "Y_h", "Y_c"], name=name,
+                            direction=direction, hidden_size=H, **attrs)
+    y_dims = ["B", "T", D, H] if layout else ["T", D, "B", H]
+    outputs = [helper.make_tensor_value_info("Y", elem, y_dims)] + [
+        helper.make_tensor_value_info(n, elem, s_dims) for n in ("Y_h", "Y_c")]
+    graph = helper.make_graph([node], "lstm", inputs, outputs, initializers)
+    return _model(graph, opset), weights
+
+
+def _model(graph, opset=OPSET, domains=()):
+    imports = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, 1) for d in domains]
+    return helper.make_model(graph, opset_imports=imports, ir_version=lo.IR_VERSION)
+
+
+def lstm_feeds(model, weights, steps=T, batch=B, seed=1):
+    """Random values of ``model``'s graph inputs (weights from ``weights``)."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in weights:
+            feeds[value.name] = weights[value.name]
+            continue
+        dims = [{"T": steps, "B": batch}.get(d.dim_param, d.dim_value)
+                for d in value.type.tensor_type.shape.dim]
+        if value.name == "sequence_lens":
+            lens = [steps, max(1, steps - 3), 0] + [steps] * batch
+            feeds[value.name] = np.array(lens[:batch], np.int32)
+        else:
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+            feeds[value.name] = rng.uniform(-1, 1, dims).astype(dtype)
+    return feeds
+
+
+@functools.cache
+def _vm(model_bytes, **kw):
+    model = onnx.load_from_string(model_bytes)
+    mod = from_onnx(model, **kw)
+    return mod, relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+
+
+def compiled(model, **kw):
+    """``(IRModule, VirtualMachine)`` of ``model`` imported with ``from_onnx(**kw)`` (cached)."""
+    return _vm(model.SerializeToString(), **kw)
+
+
+def vm_run(vm, model, feeds, params=()):
+    """The VM's outputs in graph output order, as NumPy arrays."""
+    args = [tvm.runtime.tensor(feeds[v.name]) for v in model.graph.input if v.name in feeds]
+    out = vm["main"](*args, *params)
+    out = [out] if isinstance(out, tvm.runtime.Tensor) else list(out)
+    return [o.numpy() for o in out]
+
+
+def ort_run(model, feeds):
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    names = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: v for k, v in feeds.items() if k in names})
+
+
+def ort_lstm_truth(direction, layout, peephole, lengths, initial, feeds, dtype):
+    """onnxruntime's float32 LSTM on ``feeds`` (``layout = 1``: through the time-major twin)."""
+    twin, _ = lstm_model(direction, 0, peephole, lengths, initial, weights_as_inputs=True)
+    feeds = {k: v.astype(np.float32) if v.dtype == np.float16 else v for k, v in feeds.items()}
+    if layout:
+        feeds = {k: np.swapaxes(v, 0, 1) if k in ("X", "initial_h", "initial_c") else v
+                 for k, v in feeds.items()}
+    y, y_h, y_c = ort_run(twin, feeds)
+    if layout:
+        return [np.transpose(y, (2, 0, 1, 3)), np.swapaxes(y_h, 0, 1), np.swapaxes(y_c, 0, 1)]
+    return [y, y_h, y_c]
+
+
+def check_lstm(case, dtype="float32", sizes=((T, B),), **kw):
+    model, weights = lstm_model(dtype=dtype, **case)
+    _, vm = compiled(model, **kw)
+    params = ()
+    if kw.get("keep_params_in_input"):
+        params = [tvm.runtime.tensor(weights[k]) for k in weights]
+    for steps, batch in sizes:
+        feeds = lstm_feeds(model, weights, steps, batch)
+        got = vm_run(vm, model, feeds, params)
+        want = ort_lstm_truth(case.get("direction", "forward"), case.get("layout", 0),
+                              case.get("peephole", False), case.get("lengths", False),
+                              case.get("initial", True), {**weights, **feeds}, dtype)
+        for name, g, w in zip(("Y", "Y_h", "Y_c"), got, want):
+            assert g.dtype == np.dtype(dtype), name
+            testing.assert_close(g, w, dtype, f"LSTM {case} {name} T={steps} B={batch}",
+                                 tol=_ort_tol(dtype))
+
+
+LSTM_CASES = {
+    "forward": {},
+    "peephole": {"peephole": True},
+    "reverse": {"direction": "reverse", "peephole": True},
+    "bidirectional": {"direction": "bidirectional", "peephole": True},
+    "no-initial-states": {"initial": False},
+    "lengths": {"lengths": True},
+    "lengths-reverse": {"direction": "reverse", "lengths": True},
+    "lengths-bidirectional": {"direction": "bidirectional", "lengths": True, "initial": False},
+    "layout1": {"layout": 1, "peephole": True},
+    "layout1-bidirectional-lengths": {"direction": "bidirectional", "layout": 1,
+                                      "lengths": True},
+}
+
+
+@pytest.mark.parametrize("case", LSTM_CASES.values(), ids=LSTM_CASES.keys())
+def test_lstm_matches_onnxruntime(case):
+    """Every direction, layout, peepholes, per-row lengths (one row of length 0) and omitted
+    initial states, each compiled once and run at two (T, B)."""
+    check_lstm(case, sizes=((T, B), (T2, B2)))
+
+
+@pytest.mark.parametrize("opset", [13, 22])
+def test_lstm_other_opsets(opset):
+    """LSTM-7 semantics (opset 13, no ``layout``) and LSTM-22 import alike."""
+    check_lstm({"direction": "bidirectional", "opset": opset})
+
+
+def test_lstm_float16():
+    check_lstm({"direction": "bidirectional", "peephole": True, "lengths": True},
+               dtype="float16")
+
+
+@pytest.mark.parametrize("keep_params", [False, True], ids=["weights-inputs", "keep-params"])
+def test_lstm_weights_not_constant(keep_params):
+    """Weights that are not constants are re-laid out by Relax ops at run time (graph inputs,
+    or initializers kept as parameters); constant ones are folded at import."""
+    case = {"direction": "bidirectional", "peephole": True, "weights_as_inputs": not keep_params}
+    check_lstm(case, keep_params_in_input=keep_params)
+    mod, _ = compiled(lstm_model(**case)[0], keep_params_in_input=keep_params)
+    assert "R.concat" in mod["main"].script()
+    folded, _ = compiled(lstm_model(direction="bidirectional", peephole=True)[0])
+    assert "R.concat" not in folded["main"].script()
+
+
+def test_lstm_in_a_larger_model():
+    """Two stacked LSTMs (sharing one kernel) -> Squeeze -> MatMul -> Add: the standard ops go
+    through TVM's converters; the result matches onnxruntime."""
+    rng = np.random.default_rng(3)
+    w1, w2 = _lstm_weights(1, "float32", True, 4), _lstm_weights(1, "float32", True, 5)
+    for w in (w1, w2):  # I = H: both layers use one kernel
+        w["W"] = rng.uniform(-0.4, 0.4, (1, 4 * H, H)).astype(np.float32)
+    proj = rng.uniform(-1, 1, (H, 2)).astype(np.float32)
+    bias = rng.uniform(-1, 1, (2,)).astype(np.float32)
+    axis1 = np.array([1], np.int64)
+    inits = [numpy_helper.from_array(v, f"{k}{n}") for n, w in ((1, w1), (2, w2))
+             for k, v in w.items()]
+    inits += [numpy_helper.from_array(v, k) for k, v in
+              (("proj", proj), ("bias", bias), ("axis1", axis1), ("axis0", axis1 - 1))]
+    nodes = [
+        helper.make_node("LSTM", ["X", "W1", "R1", "B1", "", "", "", "P1"], ["Y1"],
+                         name="layer1", hidden_size=H),
+        helper.make_node("Squeeze", ["Y1", "axis1"], ["X2"]),
+        helper.make_node("MatMul", ["X2", "proj_in"], ["X2p"]),
+        helper.make_node("LSTM", ["X2p", "W2", "R2", "B2", "", "", "", "P2"], ["", "Y_h"],
+                         name="layer2", hidden_size=H),
+        helper.make_node("Squeeze", ["Y_h", "axis0"], ["h"]),
+        helper.make_node("MatMul", ["h", "proj"], ["hp"]),
+        helper.make_node("Add", ["hp", "bias"], ["out"]),
+    ]
+    eye = numpy_helper.from_array(np.eye(H, dtype=np.float32) * 0.9, "proj_in")
+    graph = helper.make_graph(
+        nodes, "stack", [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", H])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", 2])], inits + [eye])
+    model = _model(graph)
+    mod, vm = compiled(model)
+    script = mod["main"].script()
+    assert script.count("lstm_tvm_BlockLSTM_float32_i6_h6") == 2
+    assert "R.matmul" in script and "R.add" in script
+    kernels = [gv.name_hint for gv in mod.get_global_vars() if "BlockLSTM" in gv.name_hint]
+    assert len(kernels) == 1, kernels
+    for steps, batch in ((T, B), (T2, B2)):
+        feeds = {"X": np.random.default_rng(steps).uniform(-1, 1, (steps, batch, H))
+                 .astype(np.float32)}
+        (got,), (want,) = vm_run(vm, model, feeds), ort_run(model, feeds)
+        testing.assert_close(got, want, "float32", f"stacked out T={steps}", tol=_ort_tol("float32"))
+
+
+def test_lstm_inside_if_branches():
+    """LSTM nodes of If branches (converted by TVM's subgraph walk) use the kernel too."""
+    branches = {}
+    for tag, direction in (("then", "forward"), ("else", "reverse")):
+        model, weights = lstm_model(direction=direction, name=f"{tag}_lstm", seed=len(tag))
+        node = model.graph.node[0]
+        node.input[:] = ["X", *(f"{k}_{tag}" for k in ("W", "R", "B"))]
+        node.output[:] = ["", f"Y_h_{tag}"]
+        branches[f"{tag}_branch"] = helper.make_graph(
+            [node], tag, [], [helper.make_tensor_value_info(f"Y_h_{tag}", TensorProto.FLOAT,
+                                                            [1, "B", H])],
+            [numpy_helper.from_array(v, f"{k}_{tag}") for k, v in weights.items()])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["out"], **branches)], "if",
+        [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("X", TensorProto.FLOAT, ["T", "B", I])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, "B", H])])
+    model = _model(graph)
+    _, vm = compiled(model)
+    x = np.random.default_rng(0).uniform(-1, 1, (T, B, I)).astype(np.float32)
+    for cond in (True, False):
+        feeds = {"cond": np.array(cond), "X": x}
+        (got,), (want,) = vm_run(vm, model, feeds), ort_run(model, feeds)
+        testing.assert_close(got, want, "float32", f"If({cond})", tol=_ort_tol("float32"))
+
+
+# --- lstm_tvm's custom ops ---------------------------------------------------------------
+
+def _custom_attrs(op_name, use_peephole):
+    """Every attribute of the op's forward: non-default forget_bias and an active cell_clip."""
+    fwd = OPS[op_name] if OPS[op_name].direction == "forward" else OPS[OPS[op_name].pair]
+    attrs = {"use_peephole": use_peephole, "cell_clip": 0.8}
+    if "forget_bias" in fwd.attr_names:
+        attrs["forget_bias"] = 0.3
+    return attrs
+
+
+def check_custom_op(op_name, dtype, use_peephole):
+    attrs = _custom_attrs(op_name, use_peephole)
+    op = OPS[op_name]
+    model = lo.make_model(op_name, dtype, input_size=I, cell_size=H,
+                          attrs=testing.op_attrs(op_name, attrs))
+    _, vm = compiled(model)
+    runs = ((T, B, 3), (T2, B2, T2)) if op.kind == "sequence" else ((None, B, None),
+                                                                     (None, B2, None))
+    for steps, batch, seq_len_max in runs:
+        kw = {} if steps is None else {"T": steps, "seq_len_max": seq_len_max}
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=batch, I=I, H=H, attrs=attrs,
+                                     seed=batch, **kw)
+        ref = reference.run(op_name, inputs, {**op.defaults(),
+                                              **testing.op_attrs(op_name, attrs)})
+        for spec, got in zip(op.outputs, vm_run(vm, model, inputs)):
+            assert got.dtype == np.dtype(dtype), spec.name
+            testing.assert_close(got, ref[spec.name], dtype,
+                                 f"{op_name}.{spec.name} T={steps} B={batch}")
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("use_peephole", [False, True])
+def test_custom_op_float32(op_name, use_peephole):
+    """Each op (every attribute given), compiled once, at two (T, B), seq_len_max < T as a
+    run-time tensor."""
+    check_custom_op(op_name, "float32", use_peephole)
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_custom_op_float16(op_name):
+    check_custom_op(op_name, "float16", True)
+
+
+def test_custom_op_with_standard_ops_matches_onnxruntime():
+    """A BlockLSTMV2 node (constant seq_len_max) whose ``h`` feeds MatMul, against onnxruntime
+    running the op's ONNX function."""
+    op = OPS["BlockLSTMV2"]
+    inputs = testing.make_inputs(op.name, B=B, I=I, H=H, T=T, seed=7)
+    proj = np.random.default_rng(7).uniform(-1, 1, (H, 3)).astype(np.float32)
+    node = lo.make_node(op.name, outputs=[f"{n}_out" for n in op.output_names], name="block",
+                        cell_clip=0.5)
+    mm = helper.make_node("MatMul", ["h_out", "proj"], ["y"])
+    dims = {"T": "T", "B": "B", "I": I, "H": H, "4H": 4 * H, "I+H": I + H}
+    graph = helper.make_graph(
+        [node, mm], "mixed", [lo.models.value_info(t, "float32", dims) for t in op.inputs[1:]],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "B", 3])],
+        [numpy_helper.from_array(np.asarray(3, np.int64), "seq_len_max"),
+         numpy_helper.from_array(proj, "proj")])
+    model = helper.make_model(graph, opset_imports=lo.models.opset_imports(),
+                              ir_version=lo.IR_VERSION, functions=[lo.make_function(op.name)])
+    _, vm = compiled(model)
+    (got,), (want,) = vm_run(vm, model, inputs), ort_run(model, inputs)
+    testing.assert_close(got, want, "float32", "BlockLSTMV2 -> MatMul", tol=_ort_tol("float32"))
+    assert not got[3:].any()  # steps past seq_len_max are zero
+
+
+def test_custom_op_seq_len_max_checked():
+    """A constant seq_len_max > T is refused at import; a run-time one by the kernel."""
+    model = lo.make_model("BlockLSTM", input_size=I, cell_size=H, seq_len=T)
+    model.graph.initializer.append(numpy_helper.from_array(np.asarray(T + 1, np.int64),
+                                                           "seq_len_max"))
+    with pytest.raises(ValueError, match=r"BlockLSTM node 'BlockLSTM': input 'seq_len_max' "
+                                         r"expected <= T = 5, got 6"):
+        from_onnx(model)
+    model = lo.make_model("BlockLSTM", input_size=I, cell_size=H)
+    _, vm = compiled(model)
+    inputs = testing.make_inputs("BlockLSTM", B=B, I=I, H=H, T=T, seq_len_max=T)
+    inputs["seq_len_max"] = np.asarray(T + 1, np.int64)
+    with pytest.raises(ValueError, match=r"seq_len_max must be in \[0, T\]"):
+        vm_run(vm, model, inputs)
+
+
+# --- refusals ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("attrs, error, text", [
+    ({"activations": ["Relu", "Tanh", "Tanh"]}, OpAttributeUnImplemented,
+     r"LSTM node 'lstm': attribute 'activations' = \['Relu', 'Tanh', 'Tanh'\] is not supported"),
+    ({"activation_alpha": [0.5]}, OpAttributeUnImplemented,
+     r"LSTM node 'lstm': attribute 'activation_alpha' = \[0.5\] is not supported"),
+    ({"activation_beta": [0.5]}, OpAttributeUnImplemented,
+     r"LSTM node 'lstm': attribute 'activation_beta' = \[0.5\] is not supported"),
+    ({"clip": 3.0}, OpAttributeUnImplemented,
+     (r"LSTM node 'lstm': attribute 'clip' = 3.0 is not supported: ONNX clips the gate "
+      r"pre-activations")),
+    ({"input_forget": 1}, OpAttributeUnImplemented,
+     r"LSTM node 'lstm': attribute 'input_forget' = 1 is not supported"),
+    ({"layout": 2}, OpAttributeInvalid, r"LSTM node 'lstm': attribute 'layout' = 2; expected"),
+])
+def test_lstm_refusals(attrs, error, text):
+    model, _ = lstm_model(**attrs)
+    with pytest.raises(error, match=text):
+        from_onnx(model)
+
+
+def test_lstm_default_activations_accepted():
+    model, _ = lstm_model(direction="bidirectional",
+                          activations=["Sigmoid", "Tanh", "Tanh"] * 2)
+    from_onnx(model)
+
+
+def test_lstm_refusals_listed_together():
+    """Every refused node is named in one error, before anything is converted."""
+    bad1, _ = lstm_model(clip=1.0, name="first")
+    bad2, _ = lstm_model(input_forget=1, name="second")
+    graph = bad1.graph
+    node = bad2.graph.node[0]
+    node.output[:] = ["Y2", "", ""]
+    graph.node.append(node)
+    with pytest.raises(OpAttributeUnImplemented) as info:
+        from_onnx(bad1)
+    assert "LSTM node 'first': attribute 'clip'" in str(info.value)
+    assert "LSTM node 'second': attribute 'input_forget'" in str(info.value)
+
+
+def test_lstm_layout_needs_opset_14():
+    model, _ = lstm_model(layout=1, opset=13)
+    with pytest.raises(OpAttributeInvalid, match=r"unknown attribute\(s\) \['layout'\] for "
+                                                 r"LSTM opset 13"):
+        from_onnx(model)
+
+
+def test_lstm_shape_and_dtype_refusals():
+    model, _ = lstm_model(dtype="float64")
+    with pytest.raises(TypeError, match=r"LSTM node 'lstm': input 'X' has dtype float64"):
+        from_onnx(model)
+    model, _ = lstm_model(weights_as_inputs=True)
+    w = next(v for v in model.graph.input if v.name == "W")
+    w.type.tensor_type.shape.dim[2].dim_param = "n"
+    with pytest.raises(ValueError, match=r"LSTM node 'lstm': input 'W' must have a static "
+                                         r"shape \(num_directions, 4H, I\).*got \(1, 24, n\)"):
+        from_onnx(model)
+    model, _ = lstm_model()
+    next(a for a in model.graph.node[0].attribute if a.name == "hidden_size").i = H + 1
+    with pytest.raises(ValueError, match=r"'hidden_size' = 7 but input 'R' has hidden size 6"):
+        from_onnx(model)
+
+
+def test_custom_op_refusals():
+    model = lo.make_model("BlockLSTMGrad", input_size=I, cell_size=H,
+                          attrs={"use_peephole": True})
+    model.graph.node[0].attribute[0].i = 2
+    with pytest.raises(OpAttributeInvalid, match=r"BlockLSTMGrad node 'BlockLSTMGrad': "
+                                                 r"attribute 'use_peephole' expected 0 or 1, "
+                                                 r"got 2"):
+        from_onnx(model)
+    model = lo.make_model("LSTMBlockCell", input_size=I, cell_size=H)
+    for value in model.graph.input:
+        for k, dim in enumerate(value.type.tensor_type.shape.dim):
+            dim.dim_param = f"{value.name}_{k}"
+    with pytest.raises(ValueError, match=r"LSTMBlockCell node 'LSTMBlockCell': the input size "
+                                         r"I must be static"):
+        from_onnx(model)
+    model = lo.make_model("LSTMBlockCell", input_size=I, cell_size=H)
+    model.graph.node[0].op_type = "GRUBlockCell"
+    with pytest.raises(OpNotImplemented, match=r"org\.lstm_tvm\.GRUBlockCell"):
+        from_onnx(model)
+
+
+def _modules(module):
+    yield module
+    for imported in module.imports:
+        yield from _modules(imported)
+
+
+def test_builds_for_cuda_without_a_gpu():
+    """The imported module compiles for CUDA: lstm_tvm's kernels as scheduled for CUDA, the
+    sequence-length helpers scheduled by TVM's default GPU pipeline; nvcc compiles the source."""
+    from lstm_tvm._tvm import nvcc_compile, resolve_target
+
+    target = resolve_target({"kind": "cuda", "arch": "sm_80"})
+    model, _ = lstm_model(direction="bidirectional", lengths=True, peephole=True)
+    executable = tvm.compile(from_onnx(model, target=target), target=target)
+    cuda = [m for m in _modules(executable.mod) if m.kind == "cuda"]
+    assert len(cuda) == 1
+    source = cuda[0].inspect_source()
+    kernels = re.findall(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(", source)
+    assert any(k.startswith(f"lstm_tvm_BlockLSTM_float32_i{I}_h{H}") for k in kernels), kernels
+    assert any(k.startswith("reverse_steps") for k in kernels), kernels
+    if shutil.which("nvcc"):
+        assert nvcc_compile(source, "sm_80")
+
+
+if __name__ == "__main__":
+    tvm.testing.main()
