@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import tirx
+from ._activations import sigmoid, tanh
 
 ACC = "float32"
 
@@ -41,29 +42,41 @@ class CellConfig:
     use_peephole: bool
 
 
-def cell_forward(cfg: CellConfig, gi, gc, gf, go, cs_prev, wci, wcf, wco):
-    """One forward step from the gate pre-activations (``xh @ w + b``, float32).
+#: The gates whose activations :func:`gate_activations` computes (the output gate needs ``cs``).
+ICF = ("i", "c", "f")
+
+
+def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf) -> dict:
+    """The input, cell-input and forget activations of one step: ``{"i": ..., "c": ...,
+    "f": ...}`` float32 expressions of the pre-activations ``pre(gate)`` (``xh @ w + b``).
+
+    Callers store them (float32) before :func:`cell_forward` reads them back, so that no
+    activation's expression contains another's (see :mod:`._activations`).
+    """
+    peep = cfg.use_peephole
+    gi = pre("i") + cs_prev * wci if peep else pre("i")
+    # TF's order: (pre + forget_bias) + peephole.
+    gf = pre("f") + _c(cfg.forget_bias) if cfg.forget_bias != 0 else pre("f")
+    gf = gf + cs_prev * wcf if peep else gf
+    return {"i": sigmoid(gi), "c": tanh(pre("c")), "f": sigmoid(gf)}
+
+
+def cell_forward(cfg: CellConfig, act, go, cs_prev, wco):
+    """The rest of one forward step, from the stored activations ``act(gate)`` of
+    :func:`gate_activations` and the output gate's pre-activation ``go`` (float32).
 
     Returns ``(i, cs, f, o, ci, co, h)`` as float32 expressions:
-    ``cs = clip(i * ci + f * cs_prev)``, ``h = o * tanh(cs)``.
+    ``cs = clip(i * ci + f * cs_prev)``, ``o = sigmoid(go + cs * wco)``, ``h = o * tanh(cs)``.
     """
-    if cfg.use_peephole:
-        gi = gi + cs_prev * wci
-        gf = gf + cs_prev * wcf
-    i = tirx.sigmoid(gi)
-    ci = tirx.tanh(gc)
-    f = tirx.sigmoid(gf + _c(cfg.forget_bias)) if cfg.forget_bias != 0 else tirx.sigmoid(gf)
+    i, ci, f = act("i"), act("c"), act("f")
     cs = i * ci + f * cs_prev
     if cfg.cell_clip > 0:
         # Compare-and-select keeps a NaN cell state NaN, as TF's clip does (max/min would not).
         lo, hi = _c(-cfg.cell_clip), _c(cfg.cell_clip)
         cs = tirx.Select(cs > hi, hi, tirx.Select(cs < lo, lo, cs))
-    co = tirx.tanh(cs)
-    if cfg.use_peephole:
-        go = go + cs * wco
-    o = tirx.sigmoid(go)
-    h = o * co
-    return i, cs, f, o, ci, co, h
+    o = sigmoid(go + cs * wco if cfg.use_peephole else go)
+    co = tanh(cs)
+    return i, cs, f, o, ci, co, o * co
 
 
 def cell_backward(use_peephole: bool, i, cs, f, o, ci, co, cs_prev, cs_grad, h_grad, wci, wcf, wco):

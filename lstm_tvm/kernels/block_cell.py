@@ -5,12 +5,14 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
 from ._builder import T, gemm, kernel, padded, reduction, spatial, temp, zero
-from ._gates import CellConfig, cell_backward, cell_forward, f32, gate_offsets, store
+from ._gates import (ICF, CellConfig, cell_backward, cell_forward, f32, gate_activations,
+                     gate_offsets, store)
 
 
 def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
     """``LSTMBlockCell``: ``g = [x, h_prev] @ w + b`` (block ``gates``, its operand gathered,
-    widened and row-padded by block ``xh``), then the gate math of one step (block ``cell``)."""
+    widened and row-padded by block ``xh``), then the gate math of one step (blocks
+    ``gate_act`` and ``cell``, see :func:`cell_blocks`)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
@@ -24,27 +26,48 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             [n, k]))
         gemm("gates", gates, B, G, I + H, lambda n, k: xh[n, k], lambda k, j: f32(w[k, j]),
              init=lambda n, j: f32(buf["b"][j]))
-        spatial("cell", (B, H), lambda n, k: store_cell_outputs(
-            cfg, buf, dtype, (n, k), lambda gate: gates[n, off[gate] + k],
-            f32(buf["cs_prev"][n, k])))
+        cell_blocks(cfg, buf, dtype, activation_scratch(B, H), lambda n, k, g: gates[n, off[g] + k],
+                    lambda n, k: f32(buf["cs_prev"][n, k]), lambda n, k: (n, k))
     return builder.get()
 
 
-def store_cell_outputs(cfg: CellConfig, buf: dict, dtype: str, index: tuple, gate, cs_prev,
-                       state: dict | None = None):
-    """Store ``i, cs, f, o, ci, co, h`` of one cell at ``index`` (gate pre-activations from
-    ``gate(letter)``, the previous cell state ``cs_prev``; both float32).
+def activation_scratch(B, H):
+    """The float32 scratch of :func:`cell_blocks` (allocate it outside any time loop)."""
+    return temp("acts", (B, len(ICF) * H))
 
-    ``state`` maps ``"cs"``/``"h"`` to float32 buffers that also receive the unrounded values,
-    at ``index[-2:]`` (the sequence kernels carry their state this way).
+
+def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_index,
+                state: dict | None = None) -> None:
+    """The gate math of one step as two blocks: ``gate_act`` (the input, cell-input and forget
+    activations into ``acts``, see :func:`activation_scratch`) and ``cell`` (the cell state, the
+    output gate, and every output ``i, cs, f, o, ci, co, h`` stored at ``out_index(n, k)``).
+
+    ``pre(n, k, gate)`` is a gate's float32 pre-activation, ``cs_prev(n, k)`` the previous
+    cell state (float32); ``state`` maps ``"cs"``/``"h"`` to float32 ``(B, H)`` buffers that
+    also receive the unrounded values (the sequence kernels carry their state in them).
     """
-    k = index[-1]
-    values = cell_forward(cfg, gate("i"), gate("c"), gate("f"), gate("o"), cs_prev,
-                          f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
-    for name, value in zip(("i", "cs", "f", "o", "ci", "co", "h"), values):
-        T.buffer_store(buf[name], store(value, dtype), list(index))
-        if state and name in state:
-            T.buffer_store(state[name], value, list(index[-2:]))
+    B, H = acts.shape[0], acts.shape[1] // len(ICF)
+    slot = {g: j * H for j, g in enumerate(ICF)}
+
+    def peepholes(k):
+        return tuple(f32(buf[name][k]) for name in ("wci", "wcf", "wco"))
+
+    def activations(n, k):
+        wci, wcf, _ = peepholes(k)
+        values = gate_activations(cfg, lambda g: pre(n, k, g), cs_prev(n, k), wci, wcf)
+        for g in ICF:
+            T.buffer_store(acts, values[g], [n, slot[g] + k])
+
+    def outputs(n, k):
+        values = cell_forward(cfg, lambda g: acts[n, slot[g] + k], pre(n, k, "o"),
+                              cs_prev(n, k), peepholes(k)[2])
+        for name, value in zip(("i", "cs", "f", "o", "ci", "co", "h"), values):
+            T.buffer_store(buf[name], store(value, dtype), list(out_index(n, k)))
+            if state and name in state:
+                T.buffer_store(state[name], value, [n, k])
+
+    spatial("gate_act", (B, H), activations)
+    spatial("cell", (B, H), outputs)
 
 
 def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):

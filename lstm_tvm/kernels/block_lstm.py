@@ -3,8 +3,8 @@
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
 ``xw``, its operand widened and row-padded by block ``x_pad``). The time loop (block ``step``)
 then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
-math (block ``cell``, which also writes the next float32 state; block ``state_update`` moves
-the new cell state in place). The state stays in float32 between steps, unrounded even for
+math (blocks ``gate_act`` and ``cell``, which also writes the next float32 state; block
+``state_update`` moves the new cell state in place). The state stays in float32 between steps, unrounded even for
 float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate). Steps
 ``t >= seq_len_max`` are zero in every output (block ``pad``).
 """
@@ -15,7 +15,7 @@ from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
 from ._builder import ROW_TILE, T, flat, gemm, kernel, padded, spatial, temp, zero
 from ._gates import CellConfig, f32, gate_offsets
-from .block_cell import store_cell_outputs
+from .block_cell import activation_scratch, cell_blocks
 
 #: The forward outputs, all (T, B, H).
 OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
@@ -33,6 +33,7 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         x_pad, xw = temp("x_pad", (Tn * B + ROW_TILE, I)), temp("xw", (Tn * B + ROW_TILE, G))
         gates, h_state = temp("gates", (padded(B), G)), temp("h_state", (padded(B), H))
         cs_state, cs_next = temp("cs_state", (B, H)), temp("cs_next", (B, H))
+        acts = activation_scratch(B, H)
         spatial("x_pad", (padded(L * B), I), lambda m, k: T.buffer_store(
             x_pad, tirx.if_then_else(m < L * B, f32(x[m, k]), zero()), [m, k]))
         gemm("xw", xw, L * B, G, I, lambda m, k: x_pad[m, k], lambda k, j: f32(w[k, j]),
@@ -50,9 +51,9 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
                 vt = T.axis.opaque(Tn, t, dtype="int64")
                 gemm("gates", gates, B, G, H, lambda n, k: h_state[n, k],
                      lambda k, j: f32(w[I + k, j]), init=lambda n, j: xw[vt * B + n, j])
-                spatial("cell", (B, H), lambda n, k: store_cell_outputs(
-                    cfg, buf, dtype, (vt, n, k), lambda gate: gates[n, off[gate] + k],
-                    cs_state[n, k], state={"h": h_state, "cs": cs_next}))
+                cell_blocks(cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
+                            lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
+                            state={"h": h_state, "cs": cs_next})
                 spatial("state_update", (B, H), lambda n, k: T.buffer_store(
                     cs_state, cs_next[n, k], [n, k]))
 
