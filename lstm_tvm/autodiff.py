@@ -182,12 +182,18 @@ def _check_array(fwd: OpSpec, where: str, name: str, value, sig) -> np.ndarray:
     return array
 
 
-def _forward_outputs(fwd: OpSpec, grad: OpSpec, outputs, sig) -> dict[str, np.ndarray]:
-    outputs = _as_mapping(outputs, "outputs", fwd)
-    unknown = [k for k in outputs if k not in fwd.output_names]
+def _by_output_name(fwd: OpSpec, value, what: str) -> Mapping:
+    """``value`` as a mapping whose keys are all names of ``fwd``'s outputs."""
+    value = _as_mapping(value, what, fwd)
+    unknown = [k for k in value if k not in fwd.output_names]
     if unknown:
-        raise TypeError(f"{fwd.name}: unknown output(s) {unknown} in outputs; expected "
-                        f"{list(fwd.output_names)}")
+        raise TypeError(f"{fwd.name}: unknown output(s) {unknown} in {what}; expected "
+                        f"names of outputs {list(fwd.output_names)}")
+    return value
+
+
+def _forward_outputs(fwd: OpSpec, grad: OpSpec, outputs, sig) -> dict[str, np.ndarray]:
+    outputs = _by_output_name(fwd, outputs, "outputs")
     needed = [n for n in grad.input_names if n in fwd.output_names]
     missing = [n for n in needed if outputs.get(n) is None]
     if missing:
@@ -197,11 +203,7 @@ def _forward_outputs(fwd: OpSpec, grad: OpSpec, outputs, sig) -> dict[str, np.nd
 
 
 def _output_grads(fwd: OpSpec, grad: OpSpec, output_grads, sig) -> dict[str, np.ndarray]:
-    output_grads = _as_mapping(output_grads, "output_grads", fwd)
-    unknown = [k for k in output_grads if k not in fwd.output_names]
-    if unknown:
-        raise TypeError(f"{fwd.name}: unknown output(s) {unknown} in output_grads; expected "
-                        f"names of outputs {list(fwd.output_names)}")
+    output_grads = _by_output_name(fwd, output_grads, "output_grads")
     shapes = expected_output_shapes(fwd, sig.sizes)
     differentiable = _output_grad_names(fwd, grad)
     result = {}
