@@ -632,21 +632,29 @@ def run_property(runner, strategy, examples: int, out_path: str) -> int:
 
 # --- the test --------------------------------------------------------------------------------
 
-def test_fuzz_all_ops_in_a_child_process(tmp_path):
-    out = tmp_path / "fuzz.json"
-    code = (f"import runpy, sys; ns = runpy.run_path({str(HERE)!r}); "
-            f"sys.exit(ns['fuzz_main']({EXAMPLES}, {str(out)!r}))")
+def run_child(code: str, out: pathlib.Path) -> tuple[dict, float]:
+    """Run ``python -c code`` (a fuzz driver writing its JSON report to ``out`` and the case it
+    is on to ``out.case``); returns the report and the wall seconds. A child that did not exit
+    cleanly (an exception, or a crash by signal) fails the test with its last case."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True,
+                          text=True, timeout=600,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     wall = time.perf_counter() - start
     case_file = pathlib.Path(str(out) + ".case")
     last = case_file.read_text() if case_file.exists() else "(none)"
     assert done.returncode == 0, (
         f"fuzz child exited with {done.returncode}"
-        f"{' (killed by signal %d)' % -done.returncode if done.returncode < 0 else ''}; "
+        f"{f' (killed by signal {-done.returncode})' if done.returncode < 0 else ''}; "
         f"last case: {last}\n--- stderr (tail) ---\n{done.stderr[-6000:]}")
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text()), wall
+
+
+def test_fuzz_all_ops_in_a_child_process(tmp_path):
+    out = tmp_path / "fuzz.json"
+    code = (f"import runpy, sys; ns = runpy.run_path({str(HERE)!r}); "
+            f"sys.exit(ns['fuzz_main']({EXAMPLES}, {str(out)!r}))")
+    report, wall = run_child(code, out)
     stats = report["stats"]
     errors = sum(v for k, v in stats.items() if k.startswith("error "))
     print(f"\nfuzz: {stats['cases']} cases in {wall:.1f} s (child {report['seconds']:.1f} s, "

@@ -25,10 +25,8 @@ and the exported path's child refuses to compile anything.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
-import subprocess
 import sys
 import tracemalloc
 
@@ -386,15 +384,7 @@ def _run_child(path: str, tmp_path, export_dir=None) -> dict:
             f"import {HERE.stem} as m; "
             f"sys.exit(m.callables_main({path!r}, {EXAMPLES[path]}, {str(out)!r}, "
             f"{str(export_dir) if export_dir else None!r}))")
-    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    case_file = pathlib.Path(str(out) + ".case")
-    last = case_file.read_text() if case_file.exists() else "(none)"
-    assert done.returncode == 0, (
-        f"fuzz child exited with {done.returncode}"
-        f"{f' (killed by signal {-done.returncode})' if done.returncode < 0 else ''}; "
-        f"last case: {last}\n--- stderr (tail) ---\n{done.stderr[-6000:]}")
-    report = json.loads(out.read_text())
+    report, _ = base.run_child(code, out)
     figures = summarise(report)
     print(f"\nfuzz {path}: {figures} (crashes: 0, the child exited cleanly)")
     print("  " + ", ".join(f"{k}: {v}" for k, v in sorted(report["stats"].items())
