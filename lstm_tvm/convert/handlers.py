@@ -31,7 +31,7 @@ import logging
 from onnx import TensorProto, helper
 
 from ..onnx.domain import DOMAIN, onnx_attrs
-from ..registry import OPS, OpSpec, TensorSpec
+from ..registry import OPS, OpSpec, TensorSpec, eval_dim
 
 __all__ = ["ConversionError", "GradientFix", "Handlers"]
 
@@ -158,12 +158,10 @@ class _Node:
 
 
 def _eval(dim: str, sizes: dict[str, int]) -> int:
-    if dim in sizes:
-        return sizes[dim]
-    H, I = sizes["H"], sizes["I"]
-    if dim == "4H":
-        return 4 * H if H >= 0 else -1
-    return I + H if I >= 0 and H >= 0 else -1
+    """The registry's value of ``dim`` for ``sizes`` (-1 where a size it needs is unknown)."""
+    if any(sizes[s] < 0 for s in sizes if s in dim):
+        return -1
+    return eval_dim(dim, sizes)
 
 
 def _learn(dim: str, value: int, sizes: dict[str, int]) -> int:

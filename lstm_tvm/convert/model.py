@@ -18,7 +18,14 @@ from collections.abc import Iterable, Iterator
 import onnx
 from onnx import helper
 
-from ..onnx.domain import DOMAIN, DOMAIN_VERSION, IR_VERSION, ONNX_OPSET
+from ..onnx.domain import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    IR_VERSION,
+    ONNX_OPSET,
+    ORT_MAX_IR_VERSION,
+    ORT_MAX_OPSET,
+)
 from ..onnx.functions import make_function, make_functions
 from ..onnx.schema import register_schemas
 from .handlers import ConversionError, GradientFix
@@ -38,10 +45,6 @@ __all__ = [
 
 #: The highest ``ai.onnx`` opset tf2onnx 1.17 converts to.
 TF2ONNX_MAX_OPSET = 18
-#: The highest ``ai.onnx`` opset onnxruntime 1.31 reads.
-ORT_MAX_OPSET = 26
-#: The highest IR version onnxruntime 1.31 reads.
-ORT_MAX_IR_VERSION = 13
 #: Metadata key of the converted model listing the BlockLSTMGrad nodes converted as
 #: BlockLSTMGradV2 (JSON: ``[{"node": ..., "forward": ...}]``).
 METADATA_GRADIENT_FIXES = "lstm_tvm.gradient_fixes"

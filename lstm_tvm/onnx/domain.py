@@ -28,6 +28,8 @@ __all__ = [
     "INDEX_TYPE_STR",
     "IR_VERSION",
     "ONNX_OPSET",
+    "ORT_MAX_IR_VERSION",
+    "ORT_MAX_OPSET",
     "elem_type",
     "onnx_attr_default",
     "onnx_attr_type",
@@ -38,7 +40,11 @@ __all__ = [
 DOMAIN = "org.lstm_tvm"
 #: The version of :data:`DOMAIN` every op is defined at.
 DOMAIN_VERSION = 1
-#: The ``ai.onnx`` opset of function bodies and of models built here (onnxruntime 1.31: <= 26).
+#: The highest ``ai.onnx`` opset onnxruntime 1.31 reads.
+ORT_MAX_OPSET = 26
+#: The highest IR version onnxruntime 1.31 reads.
+ORT_MAX_IR_VERSION = 13
+#: The ``ai.onnx`` opset of function bodies and of models built here (<= ORT_MAX_OPSET).
 ONNX_OPSET = 21
 #: The IR version of models built here (onnxruntime 1.31 reads <= 13; functions with
 #: attribute defaults need >= 9).
