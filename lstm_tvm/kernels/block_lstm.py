@@ -4,8 +4,8 @@ The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`
 ``xw``, its operand widened and row-padded by block ``x_pad``). The time loop (block ``step``)
 then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
 math (blocks ``gate_act`` and ``cell``, which also writes the next float32 state; block
-``state_update`` moves the new cell state in place). The state stays in float32 between steps, unrounded even for
-float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate). Steps
+``state_update`` moves the new cell state in place). The state stays in float32 between steps,
+unrounded even for float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate). Steps
 ``t >= seq_len_max`` are zero in every output (block ``pad``).
 """
 
