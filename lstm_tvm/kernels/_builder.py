@@ -16,13 +16,15 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["T", "kernel", "spatial", "reduction", "gemm", "flat", "padded", "zero", "temp", "ROW_TILE", "K_SLAB",
+__all__ = ["T", "kernel", "spatial", "FUSE_GROUP", "reduction", "gemm", "flat", "padded", "zero", "temp", "ROW_TILE", "K_SLAB",
            "fixed_sizes", "GemmBlock", "capture_gemms"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
 #: checks; their left operand and output are scratch buffers with room for the extra rows.
 ROW_TILE = 8
+#: Block annotation of :func:`spatial` blocks in a fusion group (see there).
+FUSE_GROUP = "lstm_tvm.fuse_group"
 #: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
 #: zero past the last row up to this multiple, so a schedule may block the reduction by any
 #: divisor of it without bounds checks.
@@ -187,13 +189,20 @@ def _operand(expr, row, col) -> tuple[bool, str]:
     raise ValueError(f"no tensor operand in {expr}")
 
 
-def spatial(name: str, extents: Sequence, body: Callable) -> None:
-    """A data-parallel block over ``extents``; ``body(*block_vars)`` emits its stores."""
+def spatial(name: str, extents: Sequence, body: Callable, group: str | None = None) -> None:
+    """A data-parallel block over ``extents``; ``body(*block_vars)`` emits its stores.
+
+    Consecutive blocks of one ``group`` (same extents) may run in one parallel loop, one
+    point after the other: each block may read what an earlier block of the group wrote, and
+    write what an earlier one read, only at its own point (the same indices).
+    """
     with T.grid(*extents) as loops:
         loops = _as_list(loops)
         with T.sblock(name):
             axes = T.axis.remap("S" * len(loops), list(loops))
             axes = _as_list(axes)
+            if group is not None:
+                T.sblock_attr({FUSE_GROUP: group})
             body(*axes)
 
 

@@ -45,6 +45,7 @@ def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_
     ``pre(n, k, gate)`` is a gate's float32 pre-activation, ``cs_prev(n, k)`` the previous
     cell state (float32); ``state`` maps ``"cs"``/``"h"`` to float32 ``(B, H)`` buffers that
     also receive the unrounded values (the sequence kernels carry their state in them).
+    Both blocks are in fusion group ``"cell"`` (see :func:`spatial`).
     """
     B, H = acts.shape[0], acts.shape[1] // len(ICF)
     slot = {g: j * H for j, g in enumerate(ICF)}
@@ -66,8 +67,8 @@ def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_
             if state and name in state:
                 T.buffer_store(state[name], value, [n, k])
 
-    spatial("gate_act", (B, H), activations)
-    spatial("cell", (B, H), outputs)
+    spatial("gate_act", (B, H), activations, group="cell")
+    spatial("cell", (B, H), outputs, group="cell")
 
 
 def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):

@@ -1,7 +1,8 @@
 """Kernel of the sequence forward ops ``BlockLSTM`` and ``BlockLSTMV2``.
 
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
-``xw``, its operand widened and row-padded by block ``x_pad``). The time loop (block ``step``)
+``xw``, its operand widened and row-padded by block ``x_pad``; a float16 ``w`` is widened once
+by block ``w_f32``, so every GEMM loads float32). The time loop (block ``step``)
 then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
 math (blocks ``gate_act`` and ``cell``, which also writes the next float32 state; block
 ``state_update`` moves the new cell state in place). The state stays in float32 between steps,
@@ -14,7 +15,7 @@ from __future__ import annotations
 from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
 from ._builder import ROW_TILE, T, flat, gemm, kernel, padded, spatial, temp, zero
-from ._gates import CellConfig, f32, gate_offsets
+from ._gates import ACC, CellConfig, f32, gate_offsets
 from .block_cell import activation_scratch, cell_blocks
 
 #: The forward outputs, all (T, B, H).
@@ -36,6 +37,10 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         acts = activation_scratch(B, H)
         spatial("x_pad", (padded(L * B), I), lambda m, k: T.buffer_store(
             x_pad, tirx.if_then_else(m < L * B, f32(x[m, k]), zero()), [m, k]))
+        if dtype != ACC:  # widened once: the GEMMs then load float32 vectors, as for float32
+            w = temp("w_f32", (I + H, G))
+            spatial("w_f32", (I + H, G), lambda k, j: T.buffer_store(
+                w, f32(buf["w"][k, j]), [k, j]))
         gemm("xw", xw, L * B, G, I, lambda m, k: x_pad[m, k], lambda k, j: f32(w[k, j]),
              init=lambda m, j: f32(buf["b"][j]))
 
@@ -55,7 +60,7 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
                             lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
                             state={"h": h_state, "cs": cs_next})
                 spatial("state_update", (B, H), lambda n, k: T.buffer_store(
-                    cs_state, cs_next[n, k], [n, k]))
+                    cs_state, cs_next[n, k], [n, k]), group="cell")
 
         def pad(t, n, k):
             for name in OUTPUTS:

@@ -4,10 +4,11 @@ Only the carry ``dh`` is truly serial. The time loop (block ``step``, t = seq_le
 runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients ``dicfo`` and
 the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
 ``w`` is transposed once (block ``w_t``) so both products with it run along contiguous rows.
-After the loop, ``x_grad`` and ``w_grad`` are each one GEMM over all steps (``x_grad_gemm``,
-``w_grad_x``, ``w_grad_h``), and ``b_grad`` and the peephole gradients are reductions of
-``dicfo``. ``dicfo`` is zero past its last row up to a multiple of ``K_SLAB`` rows, so the
-weight-gradient GEMMs reduce over that many rows with no bounds checks. Everything
+After the loop, ``x_grad`` and ``w_grad`` are each one GEMM over all steps (``x_grad_gemm``;
+``w_grad_gemm`` over the rows ``[x_t, h_{t-1}]`` gathered by blocks ``xh_x`` and ``xh_h``),
+and ``b_grad`` and the peephole gradients are reductions of ``dicfo``. ``dicfo`` and the
+gathered rows are zero past the last row up to a multiple of ``K_SLAB`` rows, so the
+weight-gradient GEMM reduces over that many rows with no bounds checks. Everything
 accumulates in float32.
 """
 
@@ -59,9 +60,10 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         T.buffer_store(dicfo, value, [vt * B + n, off[gate] + k])
                     T.buffer_store(dcs_next, grads[4], [n, k])
 
-                spatial("cell_grad", (B, H), cell_grad)
+                spatial("cell_grad", (B, H), cell_grad, group="cell_grad")
                 spatial("dcs_update", (B, H),
-                        lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]))
+                        lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
+                        group="cell_grad")
                 gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j],
                      lambda j, k: w_t[j, I + k])
         _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_t)
@@ -89,18 +91,20 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_t):
     def prev(seq, first, r, k):
         return tirx.if_then_else(r >= B, f32(seq[r - B, k]), f32(buf[first][r, k]))
 
-    def rows_only(value, r):  # rows past M multiply zero rows of dicfo; keep NaN/Inf out
-        return tirx.if_then_else(r < M, value, zero())
-
-    xg, wgx, wgh, bg = (temp("xg", (Tn * B + K_SLAB, I)), temp("wgx", (I, G)),
-                        temp("wgh", (H, G)), temp("bg", (G,)))
-    ran = M > 0  # reductions over the rows never ran their init when this is false
+    # [x_t, h_{t-1}] of every row, zero past M: the weight gradient's left operand as one
+    # plain buffer, so that its GEMM loads it without guards (a guarded or selected load
+    # keeps LLVM from holding the GEMM's accumulators in registers).
+    xh = temp("xh", (Tn * B + K_SLAB, I + H))
     slab = padded(M, K_SLAB)
+    spatial("xh_x", (slab, I), lambda r, k: T.buffer_store(
+        xh, tirx.if_then_else(r < M, f32(x[r, k]), zero()), [r, k]))
+    spatial("xh_h", (slab, H), lambda r, k: T.buffer_store(
+        xh, tirx.if_then_else(r < M, prev(h, "h_prev", r, k), zero()), [r, I + k]))
+    xg, wg, bg = (temp("xg", (Tn * B + K_SLAB, I)), temp("wg", (I + H, G)), temp("bg", (G,)))
+    ran = M > 0  # reductions over the rows never ran their init when this is false
     gemm("x_grad_gemm", xg, M, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_t[j, k])
-    gemm("w_grad_x", wgx, I, G, slab, lambda k, r: rows_only(f32(x[r, k]), r),
-         lambda r, j: dicfo[r, j], pad=False)
-    gemm("w_grad_h", wgh, H, G, slab, lambda k, r: rows_only(prev(h, "h_prev", r, k), r),
-         lambda r, j: dicfo[r, j], pad=False)
+    gemm("w_grad_gemm", wg, I + H, G, slab, lambda k, r: xh[r, k], lambda r, j: dicfo[r, j],
+         pad=False)
     reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
     peephole_grads(buf, dtype, peep, H, ran, off, (M,),
                    lambda gate, k, r: dicfo[r[0], off[gate] + k],
@@ -109,7 +113,6 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_t):
     spatial("x_grad_out", (Tn * B, I), lambda r, k: T.buffer_store(
         x_grad, tirx.if_then_else(r < M, store(xg[r, k], dtype), zero(dtype)), [r, k]))
     spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
-        buf["w_grad"], tirx.if_then_else(ran, store(tirx.if_then_else(
-            k < I, wgx[k, j], wgh[k - I, j]), dtype), zero(dtype)), [k, j]))
+        buf["w_grad"], tirx.if_then_else(ran, store(wg[k, j], dtype), zero(dtype)), [k, j]))
     spatial("b_grad_out", (G,), lambda j: T.buffer_store(
         buf["b_grad"], tirx.if_then_else(ran, store(bg[j], dtype), zero(dtype)), [j]))

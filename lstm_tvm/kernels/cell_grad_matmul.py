@@ -25,29 +25,41 @@ SPEC = OpSpec(
 INPUTS, OUTPUTS = SPEC.input_names, SPEC.output_names
 
 
+#: Columns of the transposed products are the batch rows, padded to this multiple so that
+#: the GEMM's vectorised column tiles need no bounds checks.
+BATCH_COLUMNS = 32
+
+
 def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
-    """The helper's kernel: inputs :data:`INPUTS`, outputs :data:`OUTPUTS`."""
+    """The helper's kernel: inputs :data:`INPUTS`, outputs :data:`OUTPUTS`.
+
+    ``xh_grad`` is computed transposed, ``xh_grad^T = w @ dicfo^T`` (block ``xh_grad_t``), so
+    the large operand ``w`` is read as stored, along its rows, and only the small ``dicfo``
+    is transposed (block ``dicfo_t``, batch columns padded to :data:`BATCH_COLUMNS`).
+    """
     I, H = input_size, cell_size
     G = 4 * H
     with kernel(SPEC, dtype, I, H) as (buf, size, builder):
         B = size["B"]
-        dicfo = buf["dicfo"]
-        xhg, wg, bg = temp("xhg", (padded(B), I + H)), temp("wg", (I + H, G)), temp("bg", (G,))
-        w_t, d_pad = temp("w_t", (G, I + H)), temp("dicfo_pad", (padded(B), G))
-        spatial("w_t", (G, I + H), lambda j, k: T.buffer_store(w_t, f32(buf["w"][k, j]), [j, k]))
-        spatial("dicfo_pad", (padded(B), G), lambda n, j: T.buffer_store(
-            d_pad, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [n, j]))
-        gemm("xh_grad", xhg, B, I + H, G, lambda n, j: d_pad[n, j], lambda j, k: w_t[j, k])
+        dicfo, w = buf["dicfo"], buf["w"]
+        cols = padded(B, BATCH_COLUMNS)
+        d_t, xhg_t = temp("dicfo_t", (G, cols)), temp("xhg_t", (I + H, cols))
+        wg, bg = temp("wg", (I + H, G)), temp("bg", (G,))
+        spatial("dicfo_t", (G, cols), lambda j, n: T.buffer_store(
+            d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [j, n]))
+        gemm("xh_grad_t", xhg_t, I + H, cols, G, lambda k, j: f32(w[k, j]),
+             lambda j, n: d_t[j, n], pad=False)
+        # A select of in-bounds loads, not a guarded load: see block_lstm_grad's w_grad GEMMs.
         gemm("w_grad", wg, I + H, G, B,
-             lambda k, n: tirx.if_then_else(
-                 k < I, f32(buf["x"][n, k]), f32(buf["h_prev"][n, k - I])),
+             lambda k, n: tirx.Select(k < I, f32(buf["x"][n, tirx.min(k, I - 1)]),
+                                      f32(buf["h_prev"][n, tirx.max(k - I, 0)])),
              lambda n, j: f32(dicfo[n, j]), pad=False)
         reduction("b_grad", bg, (G,), (B,), lambda j: (j,),
                   lambda s, r: f32(buf["dicfo"][r[0], s[0]]))
         spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(
-            buf["x_grad"], store(xhg[n, k], dtype), [n, k]))
+            buf["x_grad"], store(xhg_t[k, n], dtype), [n, k]))
         spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
-            buf["h_prev_grad"], store(xhg[n, I + k], dtype), [n, k]))
+            buf["h_prev_grad"], store(xhg_t[I + k, n], dtype), [n, k]))
         # A reduction over an empty batch never ran its init.
         spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
             buf["w_grad"], tirx.if_then_else(B > 0, store(wg[k, j], dtype), zero(dtype)), [k, j]))

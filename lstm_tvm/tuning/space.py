@@ -1,20 +1,20 @@
 """The search space of a GEMM task: :class:`GemmTile` s whose sizes MetaSchedule samples.
 
-The space has one design per loop structure (with or without a blocked reduction, row- or
-column-block-major tile order); within a design, the tile sizes are ``SampleCategorical``
-random variables used directly as split factors. A tuning record's trace is therefore a
-complete, replayable schedule of the block: split factors never name the extents they
-split, so the same trace schedules the same-named block of a kernel whose ``T`` and ``B``
-are symbolic.
+The space has one design per register tile (``rows x cols`` of the output, see :func:`tiles`)
+and loop structure (with or without a blocked reduction, row- or column-block-major tile
+order); within a design, the tile sizes are ``SampleCategorical`` random variables used
+directly as split factors. A tuning record's trace is therefore a complete, replayable
+schedule of the block: split factors never name the extents they split, so the same trace
+schedules the same-named block of a kernel whose ``T`` and ``B`` are symbolic.
 """
 
 from __future__ import annotations
 
 from ..kernels._builder import ROW_TILE
-from ..schedule.rules import GemmTile, apply_gemm
+from ..schedule.rules import ACCUMULATORS, GemmTile, apply_gemm
 from .tasks import Task
 
-__all__ = ["choices", "describe", "designs", "space"]
+__all__ = ["choices", "describe", "designs", "space", "tiles"]
 
 
 def choices(task: Task) -> dict[str, list[int]]:
@@ -23,29 +23,48 @@ def choices(task: Task) -> dict[str, list[int]]:
     rows = [r for r in (2, 4, 8, 16) if task.m_multiple % r == 0 and r <= task.M] or [1]
     if task.m_multiple == ROW_TILE:  # dynamic rows, padded to ROW_TILE only
         rows = [r for r in rows if ROW_TILE % r == 0]
-    cols = [c for c in (16, 32, 48, 64) if task.N % c == 0] or [task.N]
-    k_unroll = [u for u in (1, 2, 4, 8) if task.k_multiple % u == 0]
+    cols = [c for c in (16, 32, 48, 64) if task.N % c == 0
+            and (task.n_multiple == 0 or task.n_multiple % c == 0)] or [task.N]
+    # One unroll: the kernels' weight-gradient operands carry a row guard the tasks lack, and
+    # measured in the kernels, unrolling less than 4 was up to 30% slower there although
+    # sometimes faster in the task.
+    k_unroll = [next(u for u in (4, 2, 1) if task.k_multiple % u == 0)]
     k_block = [b for b in (64, 128, 256) if task.k_multiple % b == 0 and b < task.K]
     return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}
 
 
+def tiles(task: Task) -> list[tuple[int, int]]:
+    """The ``(rows, cols)`` register tiles searched: those of the most output elements that
+    fit :data:`ACCUMULATORS`, with at least 32 columns where the task allows (e.g. ``8x32``
+    and ``4x64``). Smaller tiles leave FMA latency exposed, larger ones spill registers, and
+    16-column tiles load a broadcast per FMA pair (measured: never the fastest)."""
+    options = choices(task)
+    pairs = [(r, c) for r in options["rows"] for c in options["cols"] if r * c <= ACCUMULATORS]
+    if not pairs:
+        pairs = [(min(options["rows"]), min(options["cols"]))]
+    most = [p for p in pairs if p[0] * p[1] == max(r * c for r, c in pairs)]
+    return [(r, c) for r, c in most if c >= 32] or most
+
+
 def designs(task: Task, sch) -> list:
-    """``sch`` (a schedule of ``task``'s workload) copied once per loop structure, with the
-    tile sizes sampled; the space :func:`space` searches."""
+    """``sch`` (a schedule of ``task``'s workload) copied once per register tile and loop
+    structure, with the remaining tile sizes sampled; the space :func:`space` searches."""
     options = choices(task)
     out = []
-    for blocked in ([False, True] if options["k_block"] else [False]):
-        for n_major in (0, 1):
-            design = sch.copy()
+    for rows, cols in tiles(task):
+        for blocked in ([False, True] if options["k_block"] else [False]):
+            for n_major in (0, 1):
+                design = sch.copy()
 
-            def sample(field, design=design):
-                cands = options[field]
-                return design.sample_categorical(cands, [1.0 / len(cands)] * len(cands))
+                def sample(cands, design=design):
+                    return design.sample_categorical(cands, [1.0 / len(cands)] * len(cands))
 
-            tile = GemmTile(rows=sample("rows"), cols=sample("cols"), k_unroll=sample("k_unroll"),
-                            k_block=sample("k_block") if blocked else 0, n_major=n_major)
-            apply_gemm(design, design.get_sblock(task.name), tile)
-            out.append(design)
+                tile = GemmTile(rows=sample([rows]), cols=sample([cols]),
+                                k_unroll=sample(options["k_unroll"]),
+                                k_block=sample(options["k_block"]) if blocked else 0,
+                                n_major=n_major)
+                apply_gemm(design, design.get_sblock(task.name), tile)
+                out.append(design)
     return out
 
 

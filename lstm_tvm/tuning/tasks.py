@@ -16,6 +16,7 @@ from .._tvm import IRBuilder, tirx, tvm
 from ..build import kernel_func
 from ..kernels._builder import K_SLAB, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes, gemm
 from ..kernels._gates import f32
+from ..kernels.cell_grad_matmul import BATCH_COLUMNS
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
@@ -23,11 +24,12 @@ __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 TASK_ATTR = "lstm_tvm.gemm"
 
 def _multiple(extent) -> int:
-    """The largest of (extent itself if constant, K_SLAB, ROW_TILE, 1) known to divide it."""
+    """The largest of (extent itself if constant, K_SLAB, BATCH_COLUMNS, ROW_TILE, 1) known
+    to divide it."""
     if isinstance(extent, (int, tirx.IntImm)):
         return int(extent)
     from tvm.sym import Analyzer
-    for m in (K_SLAB, ROW_TILE):
+    for m in (K_SLAB, BATCH_COLUMNS, ROW_TILE):
         rem = Analyzer().simplify(tirx.floormod(extent, m))
         if isinstance(rem, tirx.IntImm) and rem.value == 0:
             return m
@@ -45,7 +47,8 @@ def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: di
 class Task:
     """One GEMM block at static sizes, plus what its sizes are known to be divisible by in the
     kernel (``m_multiple``/``k_multiple``: the extent itself when it is static, else the row
-    padding guaranteed by the kernel), which bounds the tiles a search may pick."""
+    padding guaranteed by the kernel; ``n_multiple``: 0 when ``N`` is static, else the column
+    padding), which bounds the tiles a search may pick."""
 
     name: str
     M: int
@@ -55,10 +58,11 @@ class Task:
     b: str
     m_multiple: int
     k_multiple: int
+    n_multiple: int = 0
 
     @property
     def key(self) -> str:
-        """A readable identity, e.g. ``w_grad_x 256x1024x2048 a=km:float32 b=kn:float32``."""
+        """A readable identity, e.g. ``w_grad_gemm 512x1024x2048 a=km:float32 b=kn:float32``."""
         return f"{self.name} {self.M}x{self.N}x{self.K} a={self.a} b={self.b}"
 
     @property
@@ -67,7 +71,9 @@ class Task:
 
     def matches(self, block: GemmBlock) -> bool:
         """Whether this task was cut from a kernel block like ``block`` (symbolic sizes)."""
-        return (self.name == block.name and self.N == int(block.N)
+        n_ok = (self.N == int(block.N) and self.n_multiple == 0 if _is_static(block.N)
+                else self.n_multiple == _multiple(block.N))
+        return (self.name == block.name and n_ok
                 and self.a == f"{block.a_layout}:{block.a_dtype}"
                 and self.b == f"{block.b_layout}:{block.b_dtype}"
                 and self.m_multiple == _multiple(block.M) and self.k_multiple == _multiple(block.K)
@@ -114,7 +120,8 @@ def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
         assert sym.name == blk.name
         tasks.append(Task(blk.name, int(blk.M), int(blk.N), int(blk.K),
                           f"{blk.a_layout}:{blk.a_dtype}", f"{blk.b_layout}:{blk.b_dtype}",
-                          _multiple(sym.M), _multiple(sym.K)))
+                          _multiple(sym.M), _multiple(sym.K),
+                          0 if _is_static(sym.N) else _multiple(sym.N)))
     return tasks
 
 
