@@ -57,6 +57,7 @@ class CompiledOp:
         self._roles = {**dict.fromkeys(self.op.input_names, "input"),
                        **dict.fromkeys(self.op.output_names, "output")}
         self._checked: dict[tuple, tuple[dict, dict]] = {}  # shapes and dtypes -> sizes, outputs
+        self._last: tuple | None = None  # (inputs, outputs, sizes) of the last checked out= call
 
     @property
     def attrs(self) -> dict:
@@ -72,11 +73,20 @@ class CompiledOp:
         if self.func is None:
             raise missing_device_error(self.op.name, self.device, self.target)
         inputs = bind_inputs(self.op.name, self.op.input_names, args, kwargs)
-        sizes, shapes = self._check(inputs)
-        outputs = self._outputs(shapes, out)
-        args = [inputs[n] for n in self._tensors]
-        if out is not None:  # outputs allocated here share memory with nothing
-            self._no_alias(dict(zip(self._tensors, args)), dict(zip(shapes, outputs)))
+        args = [inputs.get(n) for n in self._tensors]
+        last = self._last
+        if (last is not None and out is not None and _same(last[0], args)
+                and _same(last[1], out)):
+            sizes, outputs = last[2], last[1]  # the same tensors as the last call: checked
+        else:
+            sizes, shapes = self._check(inputs)
+            outputs = self._outputs(shapes, out)
+            if out is not None:  # outputs allocated here share memory with nothing
+                self._no_alias(dict(zip(self._tensors, args)), dict(zip(shapes, outputs)))
+                # A tensor's shape, dtype and memory never change, so a call with the very
+                # same tensors (a training or serving loop) needs none of these checks again.
+                # The last call's tensors stay referenced until the next call with others.
+                self._last = (tuple(args), tuple(outputs), sizes)
         if self.op.kind == "sequence":
             args.insert(0, check_seq_len_max(self.op, inputs["seq_len_max"], sizes["T"]))
         if sizes["B"] == 0 or sizes.get("T", 1) == 0:  # nothing to compute: every output is zero
@@ -188,3 +198,8 @@ def _checked_op(op_name):
     if op_name not in OPS:
         raise ValueError(f"unknown op {op_name!r}; expected one of {list(OPS)}")
     return OPS[op_name]
+
+
+def _same(a, b) -> bool:
+    """Whether two sequences hold the very same objects."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))

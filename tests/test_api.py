@@ -142,6 +142,9 @@ def test_compiled_op_runs_distinct_out_tensors_and_reuses_them():
             testing.assert_close(got.numpy(), want[name], "float32", name)
     with pytest.raises(ValueError, match="shares memory"):  # the memo forgets nothing bad
         fn(**args, out=fresh[:2] + [fresh[1]] + fresh[3:])
+    # the same outputs with another input tensor: checked again (the call memo holds objects)
+    with pytest.raises(ValueError, match="^BlockLSTMGrad: input 'w' expected shape"):
+        fn(**dict(args, x=tvm.runtime.empty((4, 2, 5), "float32")), out=fresh)
 
 
 @pytest.mark.parametrize("out", [3, "outputs", np.zeros((8, 2), np.float32)], ids=repr)
