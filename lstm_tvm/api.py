@@ -201,5 +201,7 @@ def _checked_op(op_name):
 
 
 def _same(a, b) -> bool:
-    """Whether two sequences hold the very same objects."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+    """Whether ``b`` is a list or tuple holding the very same objects as ``a`` (anything else,
+    such as a number given as ``out=``, goes to the full checks and their error)."""
+    return (isinstance(b, (list, tuple)) and len(a) == len(b)
+            and all(x is y for x, y in zip(a, b)))

@@ -149,7 +149,8 @@ def test_compiled_op_runs_distinct_out_tensors_and_reuses_them():
 
 @pytest.mark.parametrize("out", [3, "outputs", np.zeros((8, 2), np.float32)], ids=repr)
 def test_compiled_op_names_an_out_that_is_not_a_sequence(out):
-    fn, _, args, _ = _alias_case()
+    fn, _, args, outputs = _alias_case()
+    fn(**args, out=outputs)  # a checked out= call first: the next call must not skip checks
     with pytest.raises(TypeError, match="^BlockLSTMGrad: out= expected a sequence of 8 "
                                         "tensors"):
         fn(**args, out=out)
