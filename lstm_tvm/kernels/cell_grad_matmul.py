@@ -49,7 +49,8 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
             d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [j, n]))
         gemm("xh_grad_t", xhg_t, I + H, cols, G, lambda k, j: f32(w[k, j]),
              lambda j, n: d_t[j, n], pad=False)
-        # A select of in-bounds loads, not a guarded load: see block_lstm_grad's w_grad GEMMs.
+        # A select of two in-bounds loads, not a guarded load (if_then_else): a guarded
+        # operand keeps LLVM from holding the GEMM's accumulators in registers.
         gemm("w_grad", wg, I + H, G, B,
              lambda k, n: tirx.Select(k < I, f32(buf["x"][n, tirx.min(k, I - 1)]),
                                       f32(buf["h_prev"][n, tirx.max(k - I, 0)])),

@@ -25,9 +25,9 @@ def choices(task: Task) -> dict[str, list[int]]:
         rows = [r for r in rows if ROW_TILE % r == 0]
     cols = [c for c in (16, 32, 48, 64) if task.N % c == 0
             and (task.n_multiple == 0 or task.n_multiple % c == 0)] or [task.N]
-    # One unroll: the kernels' weight-gradient operands carry a row guard the tasks lack, and
-    # measured in the kernels, unrolling less than 4 was up to 30% slower there although
-    # sometimes faster in the task.
+    # One unroll, 4 where it divides: less was at best a few percent faster in the tasks and,
+    # measured in the kernels (with the guarded weight-gradient operands they had then), up
+    # to 30% slower; one value keeps the space small enough for 16 trials to cover.
     k_unroll = [next(u for u in (4, 2, 1) if task.k_multiple % u == 0)]
     k_block = [b for b in (64, 128, 256) if task.k_multiple % b == 0 and b < task.K]
     return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}
