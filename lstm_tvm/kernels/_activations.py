@@ -24,6 +24,7 @@ import math
 
 from .._tvm import tirx
 
+#: The compute dtype of all gate math.
 ACC = "float32"
 
 _EXP_HI = 88.3762626647949
@@ -44,47 +45,50 @@ _TANH_Q = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
            4.89352518554385e-03)
 
 
-def _c(value: float):
+def const(value: float):
+    """The float32 constant ``value``."""
     return tirx.const(float(value), ACC)
 
 
-def _clamp(x, bound: float):
-    lo, hi = _c(-bound), _c(bound)
+def clamp(x, bound: float):
+    """``x`` clamped to ``[-bound, bound]`` by compare-and-select (a NaN stays NaN, which
+    ``max``/``min`` would not keep)."""
+    lo, hi = const(-bound), const(bound)
     return tirx.Select(x > hi, hi, tirx.Select(x < lo, lo, x))
 
 
 def _horner(x, coeffs):
-    acc = _c(coeffs[0])
+    acc = const(coeffs[0])
     for c in coeffs[1:]:
-        acc = acc * x + _c(c)
+        acc = acc * x + const(c)
     return acc
 
 
 def exp(x):
     """``e**x`` for a float32 expression (0 below -88.38, ``inf`` above 88.38: so
     ``sigmoid(-inf)`` is 0 and ``0 * cs`` is NaN for an infinite ``cs``, as in TF)."""
-    big = x > _c(_EXP_HI)
-    x = _clamp(x, _EXP_HI)
-    n = tirx.floor(x * _c(_LOG2E) + _c(0.5))
-    r = x - n * _c(_LN2_HI) - n * _c(_LN2_LO)
-    y = _horner(r, _EXP_POLY) * (r * r) + r + _c(1.0)
+    big = x > const(_EXP_HI)
+    x = clamp(x, _EXP_HI)
+    n = tirx.floor(x * const(_LOG2E) + const(0.5))
+    r = x - n * const(_LN2_HI) - n * const(_LN2_LO)
+    y = _horner(r, _EXP_POLY) * (r * r) + r + const(1.0)
     # n is NaN only for a NaN x (then y is NaN too): keep the int conversion defined.
-    k = tirx.Cast("int32", tirx.Select(tirx.isnan(n), _c(0.0), n))
+    k = tirx.Cast("int32", tirx.Select(tirx.isnan(n), const(0.0), n))
     two_n = tirx.reinterpret(ACC, (k + tirx.const(127, "int32")) << tirx.const(23, "int32"))
-    return tirx.Select(big, _c(math.inf), y * two_n)
+    return tirx.Select(big, const(math.inf), y * two_n)
 
 
 def sigmoid(x):
     """``1 / (1 + e**-x)`` for a float32 expression."""
-    one = _c(1.0)
+    one = const(1.0)
     return one / (one + exp(-x))
 
 
 def tanh(x):
     """``tanh(x)`` for a float32 expression (Eigen's float approximation)."""
     x2 = x * x
-    tiny = tirx.all(x < _c(_TANH_TINY), x > _c(-_TANH_TINY))
+    tiny = tirx.all(x < const(_TANH_TINY), x > const(-_TANH_TINY))
     value = tirx.Select(tiny, x, _horner(x2, _TANH_P) * x / _horner(x2, _TANH_Q))
-    one = _c(1.0)
-    return tirx.Select(x > _c(_TANH_CLAMP), one,
-                       tirx.Select(x < _c(-_TANH_CLAMP), -one, value))
+    one = const(1.0)
+    return tirx.Select(x > const(_TANH_CLAMP), one,
+                       tirx.Select(x < const(-_TANH_CLAMP), -one, value))

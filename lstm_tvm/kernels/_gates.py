@@ -9,9 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import tirx
-from ._activations import sigmoid, tanh
-
-ACC = "float32"
+from ._activations import ACC, clamp, const, sigmoid, tanh
 
 
 def f32(value):
@@ -22,10 +20,6 @@ def f32(value):
 def store(value, dtype: str):
     """Round a float32 result to the storage dtype."""
     return value if dtype == ACC else tirx.Cast(dtype, value)
-
-
-def _c(x: float):
-    return tirx.const(float(x), ACC)
 
 
 def gate_offsets(gates: tuple[str, ...], cell_size: int) -> dict[str, int]:
@@ -56,7 +50,7 @@ def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf) -> dict:
     peep = cfg.use_peephole
     gi = pre("i") + cs_prev * wci if peep else pre("i")
     # TF's order: (pre + forget_bias) + peephole.
-    gf = pre("f") + _c(cfg.forget_bias) if cfg.forget_bias != 0 else pre("f")
+    gf = pre("f") + const(cfg.forget_bias) if cfg.forget_bias != 0 else pre("f")
     gf = gf + cs_prev * wcf if peep else gf
     return {"i": sigmoid(gi), "c": tanh(pre("c")), "f": sigmoid(gf)}
 
@@ -71,9 +65,7 @@ def cell_forward(cfg: CellConfig, act, go, cs_prev, wco):
     i, ci, f = act("i"), act("c"), act("f")
     cs = i * ci + f * cs_prev
     if cfg.cell_clip > 0:
-        # Compare-and-select keeps a NaN cell state NaN, as TF's clip does (max/min would not).
-        lo, hi = _c(-cfg.cell_clip), _c(cfg.cell_clip)
-        cs = tirx.Select(cs > hi, hi, tirx.Select(cs < lo, lo, cs))
+        cs = clamp(cs, cfg.cell_clip)  # a NaN cell state stays NaN, as TF's clip keeps it
     o = sigmoid(go + cs * wco if cfg.use_peephole else go)
     co = tanh(cs)
     return i, cs, f, o, ci, co, o * co
@@ -85,7 +77,7 @@ def cell_backward(use_peephole: bool, i, cs, f, o, ci, co, cs_prev, cs_grad, h_g
     ``cs_grad`` and ``h_grad`` are the total gradients arriving at ``cs`` and ``h``.
     Returns ``(di, dci, df, do, cs_prev_grad)``; the clip is not differentiated (as TF).
     """
-    one = _c(1.0)
+    one = const(1.0)
     do = o * (one - o) * h_grad * co
     dcs = (one - co * co) * h_grad * o + cs_grad
     if use_peephole:
