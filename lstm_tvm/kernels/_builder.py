@@ -170,22 +170,32 @@ def _bind_steps(extent):
     return analyzer.simplify(extent)
 
 
-def _operand(expr, row, col) -> tuple[bool, str]:
-    """Whether the first tensor load in ``expr`` indexing ``row``/``col`` is contiguous along
-    ``col`` (row-major), and the loaded tensor's dtype."""
-    names = (row.name, col.name)
+def tensor_loads(expr):
+    """The tensor loads in the expression ``expr``, depth first (not those inside a load's
+    own indices)."""
     stack = [expr]
     while stack:
         node = stack.pop()
         if hasattr(node, "indices"):
-            text = [str(i) for i in node.indices]
-            if any(n in t for t in text for n in names):
-                return names[1] in text[-1], str(node.source.dtype)
+            yield node
             continue
         for field in ("value", "a", "b", "true_value", "false_value"):
             if hasattr(node, field):
                 stack.append(getattr(node, field))
         stack.extend(reversed(list(getattr(node, "args", ()))))
+
+
+def uses_var(expr, var) -> bool:
+    """Whether ``expr`` reads the variable ``var`` (the same object, not just its name)."""
+    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
+
+
+def _operand(expr, row, col) -> tuple[bool, str]:
+    """Whether the first tensor load in ``expr`` indexing ``row``/``col`` is contiguous along
+    ``col`` (row-major), and the loaded tensor's dtype."""
+    for load in tensor_loads(expr):
+        if any(uses_var(i, row) or uses_var(i, col) for i in load.indices):
+            return uses_var(load.indices[-1], col), str(load.source.dtype)
     raise ValueError(f"no tensor operand in {expr}")
 
 

@@ -25,7 +25,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.sym import Analyzer
 
 from .._tvm import Schedule, tirx
-from ..kernels._builder import FUSE_GROUP, ROW_TILE
+from ..kernels._builder import FUSE_GROUP, ROW_TILE, tensor_loads, uses_var
 
 log = logging.getLogger(__name__)
 
@@ -166,20 +166,10 @@ def _schedule_block(sch: Schedule, block) -> None:
 def _rows_contiguous(stmt, m, n, k) -> bool:
     """Whether the GEMM block's left operand (the load indexed by ``m`` and ``k``) is
     contiguous along ``k``."""
-    def uses(var, index):
-        return any(v.same_as(var) for v in tirx.analysis.undefined_vars(index))
-
-    stack = [stmt.body]
-    while stack:
-        node = stack.pop()
-        if hasattr(node, "indices") and not hasattr(node, "value") and len(node.indices) >= 2:
-            if any(uses(m, i) for i in node.indices) and any(uses(k, i) for i in node.indices):
-                return not uses(m, node.indices[-1])
-            continue
-        for field in ("value", "a", "b", "true_value", "false_value", "condition"):
-            if hasattr(node, field):
-                stack.append(getattr(node, field))
-        stack.extend(getattr(node, "args", ()))
+    for load in tensor_loads(getattr(stmt.body, "value", stmt.body)):
+        if (any(uses_var(i, m) for i in load.indices)
+                and any(uses_var(i, k) for i in load.indices)):
+            return not uses_var(load.indices[-1], m)
     return True
 
 
