@@ -43,7 +43,8 @@ def _args(lo, hi):
     rng = np.random.default_rng(7)
     half = N // 2
     mags = np.geomspace(1e-8, max(abs(lo), abs(hi)), N - half)
-    x = np.concatenate([rng.uniform(lo, hi, half), mags * np.where(np.arange(mags.size) % 2, 1, -1)])
+    signs = np.where(np.arange(mags.size) % 2, 1, -1)
+    x = np.concatenate([rng.uniform(lo, hi, half), mags * signs])
     return np.clip(x, lo, hi).astype(np.float32)
 
 

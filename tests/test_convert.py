@@ -85,7 +85,8 @@ def _op_function(op_name):
         kwargs = dict(zip(op.input_names, args))
         result = {}
         for tag, attrs in (("off", off_attrs), ("on", on_attrs)):
-            result.update({f"{tag}_{k}": v for k, v in zip(op.output_names, raw(**kwargs, **attrs))})
+            outputs = raw(**kwargs, **attrs)
+            result.update({f"{tag}_{k}": v for k, v in zip(op.output_names, outputs)})
         return result
 
     return tf.function(fn)

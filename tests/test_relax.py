@@ -263,7 +263,8 @@ def test_lstm_in_a_larger_model():
         feeds = {"X": np.random.default_rng(steps).uniform(-1, 1, (steps, batch, H))
                  .astype(np.float32)}
         (got,), (want,) = vm_run(vm, model, feeds), ort_run(model, feeds)
-        testing.assert_close(got, want, "float32", f"stacked out T={steps}", tol=_ort_tol("float32"))
+        testing.assert_close(got, want, "float32", f"stacked out T={steps}",
+                             tol=_ort_tol("float32"))
 
 
 def test_lstm_inside_if_branches():

@@ -4,8 +4,8 @@
 run ``tf2onnx`` with the handlers of :mod:`.handlers` (TF's LSTM block ops become
 :data:`~lstm_tvm.onnx.domain.DOMAIN` nodes; ``BlockLSTMGrad`` fed by ``BlockLSTMV2`` becomes
 ``BlockLSTMGradV2``) and of :mod:`.tf_ops` (``BroadcastGradientArgs``, which gradients of
-dynamic-shape graphs need and tf2onnx lacks), add the custom domain to the opset imports (tf2onnx's Python API does not),
-then :func:`.model.finish_model`: ``ai.onnx`` opset 21 by default, IR version 10, the ONNX
+dynamic-shape graphs need and tf2onnx lacks), add the custom domain to the opset imports
+(tf2onnx's Python API does not), then :func:`.model.finish_model`: ``ai.onnx`` opset 21 by default, IR version 10, the ONNX
 functions of the ops used attached (a plain ``onnxruntime.InferenceSession`` runs the model;
 :class:`lstm_tvm.onnx.ort.InferenceSession` runs the same model on lstm_tvm's TVM kernels), and
 onnx's checker. Every node tf2onnx or the handlers cannot convert raises
@@ -28,7 +28,8 @@ from . import tf_ops
 from .handlers import ConversionError, Handlers
 from .model import TF2ONNX_MAX_OPSET, check_opset, finish_model, lstm_op_types
 
-__all__ = ["from_function", "from_graph_def", "from_saved_model", "require", "saved_model_signatures"]
+__all__ = ["from_function", "from_graph_def", "from_saved_model", "require",
+           "saved_model_signatures"]
 
 log = logging.getLogger("lstm_tvm.convert")
 

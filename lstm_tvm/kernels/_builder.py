@@ -16,8 +16,9 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["T", "kernel", "spatial", "FUSE_GROUP", "reduction", "gemm", "flat", "padded", "zero", "temp", "ROW_TILE", "K_SLAB",
-           "fixed_sizes", "GemmBlock", "capture_gemms"]
+__all__ = ["FUSE_GROUP", "K_SLAB", "ROW_TILE", "GemmBlock", "T", "capture_gemms", "fixed_sizes",
+           "flat", "gemm", "kernel", "padded", "reduction", "spatial", "temp", "tensor_loads",
+           "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds

@@ -92,7 +92,8 @@ def emit_weights(bb: relax.BlockBuilder, d: int, hidden: int, dtype: str, W=None
         rows = bb.emit(op.take(op.reshape(rows, (4, hidden, -1)), perm, axis=0, mode="clip"))
         out["w"] = bb.emit(op.permute_dims(op.reshape(rows, (4 * hidden, -1)), [1, 0]))
     if B is not None:
-        both = op.sum(op.reshape(op.astype(take_direction(bb, B, d), "float32"), (2, 4, hidden)), axis=0)
+        wide = op.astype(take_direction(bb, B, d), "float32")
+        both = op.sum(op.reshape(wide, (2, 4, hidden)), axis=0)
         gates = bb.emit(op.take(both, perm, axis=0, mode="clip"))
         out["b"] = bb.emit(op.astype(op.reshape(gates, (4 * hidden,)), dtype))
     if P is not None:

@@ -118,8 +118,9 @@ def _check_activations(given: dict, label: str, directions: int) -> None:
     for name in ("activation_alpha", "activation_beta"):
         if name in given:
             value = given[name]
+            shown = list(value) if isinstance(value, tuple) else value
             raise OpAttributeUnImplemented(
-                f"{label}: attribute {name!r} = {list(value) if isinstance(value, tuple) else value}"
+                f"{label}: attribute {name!r} = {shown}"
                 f" is not supported: lstm_tvm's kernels compute {default} without parameters "
                 f"(leave {name!r} out)")
 
