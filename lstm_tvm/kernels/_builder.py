@@ -129,9 +129,16 @@ def temp(name: str, shape, dtype: str = ACC):
     return buf
 
 
-def flat(buffer, rows):
-    """A 2-D view ``(rows, last dim)`` of a contiguous buffer (e.g. ``(T, B, I)`` as ``(T*B, I)``)."""
-    return T.decl_buffer((rows, buffer.shape[-1]), buffer.dtype, data=buffer.data)
+def flat(buffer, rows, first=0):
+    """A 2-D view ``(rows, last dim)`` of a contiguous buffer (e.g. ``(T, B, I)`` as ``(T*B, I)``),
+    starting at row ``first``.
+
+    Every call makes a new view. Blocks that write disjoint rows of one output through
+    views of their own each stay the only writer of their buffer, which a reduction block
+    must be to be scheduled.
+    """
+    cols = buffer.shape[-1]
+    return T.decl_buffer((rows, cols), buffer.dtype, data=buffer.data, elem_offset=first * cols)
 
 
 def padded(rows, multiple: int = ROW_TILE):

@@ -5,20 +5,23 @@ runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients 
 the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
 ``w`` is transposed once, into ``w[:I]^T`` and ``w[I:]^T`` (blocks ``w_t_x``, ``w_t_h``), so
 both products with it run along the contiguous rows of a dense matrix.
-After the loop, ``x_grad`` and ``w_grad`` are each one GEMM over all steps (``x_grad_gemm``;
-``w_grad_gemm`` over the rows ``[x_t, h_{t-1}]`` gathered by blocks ``xh_x`` and ``xh_h``),
-and ``b_grad`` and the peephole gradients are reductions of ``dicfo``. ``dicfo`` and the
-gathered rows are zero past the last row up to a multiple of ``K_SLAB`` rows, so the
-weight-gradient GEMM reduces over that many rows with no bounds checks. Everything
-accumulates in float32.
+After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
+``x_grad_tail`` for the last ``< ROW_TILE`` rows; ``w_grad_x``, and ``w_grad_h0`` then
+``w_grad_h`` for the rows of ``h_{t-1}``), reading ``x`` and ``h`` in place, and ``b_grad``
+and the peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB`` rows
+past the last one, so the weight-gradient GEMMs reduce over whole slabs of rows with no bounds
+checks. Everything accumulates in float32: in the outputs of a float32 op; the only scratch
+beyond ``dicfo`` is of the size of the state or of ``w`` (and, for float16, float32 copies of
+``x_grad`` and ``w_grad``).
 """
 
 from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import K_SLAB, T, flat, gemm, kernel, padded, reduction, spatial, temp, zero
-from ._gates import cell_backward, f32, gate_offsets, store
+from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, reduction, spatial,
+                       temp, zero)
+from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
 
@@ -33,7 +36,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         # Row t*B + n holds step t, batch row n; the spare rows feed padded GEMM rows.
         dicfo = temp("dicfo", (Tn * B + K_SLAB, G))
         dh, dcs, dcs_next = temp("dh", (padded(B), H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
-        spatial("dicfo_pad", (padded(L * B, K_SLAB) - L * B, G), lambda m, j: T.buffer_store(
+        spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
         # Two dense matrices, not one (G, I+H): a GEMM operand whose row stride is wider than
         # its columns ran 2x slower (x_grad_gemm at 64x32x256x256: 7 ms against 3.4 ms).
@@ -82,42 +85,73 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
 
 
 def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
-    """The products over all ``L*B`` rows at once: ``x_grad``, ``w_grad``, ``b_grad``, peepholes.
+    """The products over all ``M = L*B`` rows at once: ``x_grad``, ``w_grad``, ``b_grad``,
+    peepholes.
 
     Row ``r = t*B + n`` of the flat views is step ``t``, batch row ``n``; the previous step's
-    ``h`` / ``cs`` of row ``r`` is row ``r - B`` (the initial state for ``r < B``).
+    ``h`` / ``cs`` of row ``r`` is row ``r - B`` (the initial state for ``r < B``). A float32
+    op's GEMMs accumulate in its outputs; a float16 op's in float32 scratch.
     """
     L, Tn, B, I, H = sizes
     G = 4 * H
     M = L * B
     x, h, cs = (flat(buf[n], Tn * B) for n in ("x", "h", "cs"))
     x_grad = flat(buf["x_grad"], Tn * B)
-
-    def prev(seq, first, r, k):
-        return tirx.if_then_else(r >= B, f32(seq[r - B, k]), f32(buf[first][r, k]))
-
-    # [x_t, h_{t-1}] of every row, zero past M: the weight gradient's left operand as one
-    # plain buffer, so that its GEMM loads it without guards (a guarded or selected load
-    # keeps LLVM from holding the GEMM's accumulators in registers).
-    xh = temp("xh", (Tn * B + K_SLAB, I + H))
-    slab = padded(M, K_SLAB)
-    spatial("xh_x", (slab, I), lambda r, k: T.buffer_store(
-        xh, tirx.if_then_else(r < M, f32(x[r, k]), zero()), [r, k]))
-    spatial("xh_h", (slab, H), lambda r, k: T.buffer_store(
-        xh, tirx.if_then_else(r < M, prev(h, "h_prev", r, k), zero()), [r, I + k]))
-    xg, wg, bg = (temp("xg", (Tn * B + K_SLAB, I)), temp("wg", (I + H, G)), temp("bg", (G,)))
+    in_place = dtype == ACC
     ran = M > 0  # reductions over the rows never ran their init when this is false
-    gemm("x_grad_gemm", xg, M, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_tx[j, k])
-    gemm("w_grad_gemm", wg, I + H, G, slab, lambda k, r: xh[r, k], lambda r, j: dicfo[r, j],
+
+    # x_grad: one GEMM over the whole row tiles, one over the < ROW_TILE rows left.
+    whole = M // ROW_TILE * ROW_TILE
+    xg = flat(buf["x_grad"], Tn * B) if in_place else temp("xg", (Tn * B, I))
+    tail = temp("x_grad_tail", (ROW_TILE, I))
+    gemm("x_grad_gemm", xg, whole, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_tx[j, k],
          pad=False)
+    gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
+         lambda j, k: w_tx[j, k])
+    first = whole if in_place else 0
+
+    def x_grad_out(r, k):
+        r = first + r
+        value = tirx.if_then_else(r < M, store(tail[r - whole, k], dtype), zero(dtype))
+        if not in_place:
+            value = tirx.if_then_else(r < whole, store(xg[r, k], dtype), value)
+        T.buffer_store(x_grad, value, [r, k])
+
+    spatial("x_grad_out", (Tn * B - first, I), x_grad_out)
+
+    # w_grad: the rows [x_t, h_{t-1}] read in place. The reductions run over whole slabs
+    # of K_SLAB rows, past M where dicfo is zero; the row index is clamped so that a load
+    # past M reads a row of the sequence (finite) instead of memory that may hold NaN.
+    # Clamping, not a guarded load: a guard keeps LLVM from holding the accumulators in
+    # registers. The initial state's rows (h_prev) come first, from their own GEMM.
+    if in_place:
+        wgx, wgh = flat(buf["w_grad"], I), flat(buf["w_grad"], H, first=I)
+    else:
+        wgx, wgh = temp("wgx", (I, G)), temp("wgh", (H, G))
+    wgh0 = temp("wgh0", (H, G))
+    after_first = tirx.max(M - B, 0)
+    gemm("w_grad_x", wgx, I, G, padded(M, K_SLAB),
+         lambda k, r: f32(x[tirx.min(r, M - 1), k]), lambda r, j: dicfo[r, j], pad=False)
+    gemm("w_grad_h0", wgh0, H, G, tirx.min(B, M), lambda k, n: f32(buf["h_prev"][n, k]),
+         lambda n, j: dicfo[n, j], pad=False)
+    gemm("w_grad_h", wgh, H, G, padded(after_first, K_SLAB),
+         lambda k, r: f32(h[tirx.min(r, after_first - 1), k]), lambda r, j: dicfo[B + r, j],
+         init=lambda k, j: wgh0[k, j], pad=False)
+    bg = temp("bg", (G,))
     reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
     peephole_grads(buf, dtype, peep, H, ran, off, (M,),
                    lambda gate, k, r: dicfo[r[0], off[gate] + k],
-                   lambda k, r: prev(cs, "cs_prev", r[0], k),
+                   lambda k, r: tirx.if_then_else(r[0] >= B, f32(cs[r[0] - B, k]),
+                                                  f32(buf["cs_prev"][r[0], k])),
                    lambda k, r: f32(cs[r[0], k]))
-    spatial("x_grad_out", (Tn * B, I), lambda r, k: T.buffer_store(
-        x_grad, tirx.if_then_else(r < M, store(xg[r, k], dtype), zero(dtype)), [r, k]))
-    spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
-        buf["w_grad"], tirx.if_then_else(ran, store(wg[k, j], dtype), zero(dtype)), [k, j]))
+    if in_place:
+        empty = tirx.Select(ran, tirx.const(0, "int64"), tirx.const(I + H, "int64"))
+        spatial("w_grad_zero", (empty, G), lambda k, j: T.buffer_store(
+            buf["w_grad"], zero(), [k, j]))
+    else:
+        spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
+            buf["w_grad"], tirx.if_then_else(
+                ran, store(tirx.if_then_else(k < I, wgx[k, j], wgh[k - I, j]), dtype),
+                zero(dtype)), [k, j]))
     spatial("b_grad_out", (G,), lambda j: T.buffer_store(
         buf["b_grad"], tirx.if_then_else(ran, store(bg[j], dtype), zero(dtype)), [j]))
