@@ -1,8 +1,8 @@
 """Kernel of the sequence forward ops ``BlockLSTM`` and ``BlockLSTMV2``.
 
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
-``xw``, its operand widened and row-padded by block ``x_pad``; a float16 ``w`` is widened once
-by block ``w_f32``, so every GEMM loads float32). The time loop (block ``step``)
+``xw``, reading ``x`` in place; a float16 ``w`` is widened once by block ``w_f32``, so the
+GEMMs load it as float32). The time loop (block ``step``)
 then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
 math (blocks ``gate_act`` and ``cell``, which also writes the next float32 state; block
 ``state_update`` moves the new cell state in place). The state stays in float32 between steps,
@@ -31,17 +31,18 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
     with kernel(op, dtype, I, H) as (buf, size, builder):
         L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
         x, w = flat(buf["x"], Tn * B), buf["w"]
-        x_pad, xw = temp("x_pad", (Tn * B + ROW_TILE, I)), temp("xw", (Tn * B + ROW_TILE, G))
+        xw = temp("xw", (Tn * B + ROW_TILE, G))
         gates, h_state = temp("gates", (padded(B), G)), temp("h_state", (padded(B), H))
         cs_state, cs_next = temp("cs_state", (B, H)), temp("cs_next", (B, H))
         acts = activation_scratch(B, H)
-        spatial("x_pad", (padded(L * B), I), lambda m, k: T.buffer_store(
-            x_pad, tirx.if_then_else(m < L * B, f32(x[m, k]), zero()), [m, k]))
         if dtype != ACC:  # widened once: the GEMMs then load float32 vectors, as for float32
             w = temp("w_f32", (I + H, G))
             spatial("w_f32", (I + H, G), lambda k, j: T.buffer_store(
                 w, f32(buf["w"][k, j]), [k, j]))
-        gemm("xw", xw, L * B, G, I, lambda m, k: x_pad[m, k], lambda k, j: f32(w[k, j]),
+        # The padded rows read the last row again (a clamped index, no guard: see w_grad_x
+        # in block_lstm_grad); their results are never used.
+        gemm("xw", xw, L * B, G, I, lambda m, k: f32(x[tirx.min(m, L * B - 1), k]),
+             lambda k, j: f32(w[k, j]),
              init=lambda m, j: f32(buf["b"][j]))
 
         def init_state(n, k):
