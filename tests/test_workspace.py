@@ -1,0 +1,63 @@
+"""Scratch memory of the sequence kernels: what grows with the number of steps.
+
+The sequence backward keeps the stacked gate gradients ``dicfo`` (T*B rows) and otherwise
+only scratch of the size of the state or of ``w``: nothing per step. The allocations are read
+off the kernels built at two fixed sequence lengths.
+"""
+
+import numpy as np
+import pytest
+from tvm.sym import Analyzer
+from tvm.tirx.stmt import AllocBuffer
+
+from lstm_tvm import registry, validation
+from lstm_tvm.build import kernel_func
+from lstm_tvm.kernels._builder import fixed_sizes
+
+B, I, H = 3, 5, 4
+
+
+def _scratch_bytes(op_name, dtype, steps):
+    """Bytes of every scratch buffer of ``op_name``'s kernel at ``T = steps``, by name."""
+    attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": True})
+    with fixed_sizes(T=steps, B=B):
+        func = kernel_func(op_name, dtype, I, H, attrs)
+    found = {}
+    stack = [func.body]
+    while stack:  # every statement reachable through the fields that nest statements
+        node = stack.pop()
+        allocs = [node.buffer] if isinstance(node, AllocBuffer) else []
+        for buf in [*allocs, *getattr(node, "alloc_buffers", ())]:
+            elems = int(np.prod([int(Analyzer().simplify(e)) for e in buf.shape]))
+            found[buf.name] = elems * np.dtype(buf.dtype).itemsize
+        for field in ("body", "block", "then_case", "else_case", "init"):
+            child = getattr(node, field, None)
+            if child is not None:
+                stack.append(child)
+        stack.extend(getattr(node, "seq", ()))
+    assert found, "no scratch buffer found: the walk missed the kernel's blocks"
+    return found
+
+
+def _growth(op_name, dtype, short=4, long=40):
+    a, b = _scratch_bytes(op_name, dtype, short), _scratch_bytes(op_name, dtype, long)
+    assert set(a) == set(b)
+    return {name: b[name] - a[name] for name in b if b[name] != a[name]}
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTMGrad", "BlockLSTMGradV2"])
+def test_sequence_backward_grows_only_by_the_gate_gradients(op_name):
+    growth = _growth(op_name, "float32")
+    assert growth == {"dicfo": (40 - 4) * B * 4 * H * 4}, growth
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTMGrad", "BlockLSTMGradV2"])
+def test_float16_sequence_backward_adds_only_a_float32_x_grad(op_name):
+    growth = _growth(op_name, "float16")
+    assert growth == {"dicfo": (40 - 4) * B * 4 * H * 4, "xg": (40 - 4) * B * I * 4}, growth
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTM", "BlockLSTMV2"])
+def test_sequence_forward_grows_only_by_the_input_projections(op_name):
+    growth = _growth(op_name, "float32")
+    assert growth == {"xw": (40 - 4) * B * 4 * H * 4}, growth
