@@ -6,13 +6,13 @@ the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (bl
 ``w`` is transposed once, into ``w[:I]^T`` and ``w[I:]^T`` (blocks ``w_t_x``, ``w_t_h``), so
 both products with it run along the contiguous rows of a dense matrix.
 After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
-``x_grad_tail`` for the last ``< ROW_TILE`` rows; ``w_grad_x``, and ``w_grad_h0`` then
-``w_grad_h`` for the rows of ``h_{t-1}``), reading ``x`` and ``h`` in place, and ``b_grad``
-and the peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB`` rows
-past the last one, so the weight-gradient GEMMs reduce over whole slabs of rows with no bounds
-checks. Everything accumulates in float32: in the outputs of a float32 op; the only scratch
-beyond ``dicfo`` is of the size of the state or of ``w`` (and, for float16, float32 copies of
-``x_grad`` and ``w_grad``).
+``x_grad_tail`` for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk
+for float16; ``w_grad_x``, and ``w_grad_h0`` then ``w_grad_h`` for the rows of ``h_{t-1}``),
+reading ``x`` and ``h`` in place, and ``b_grad`` and the peephole gradients are reductions of
+``dicfo``. ``dicfo`` is zero for ``K_SLAB`` rows past the last one, so the weight-gradient
+GEMMs reduce over whole slabs of rows with no bounds checks. Everything accumulates in
+float32 (in the outputs of a float32 op). Beyond ``dicfo``, no scratch grows with ``T``: the
+rest has the size of the state, of ``w`` or of a chunk of rows.
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, reductio
                        temp, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
+
+#: Rows of ``x_grad`` a float16 sequence backward computes at a time (at most ``K_SLAB``:
+#: the last chunk reads that far past the last row of ``dicfo``).
+X_GRAD_CHUNK = K_SLAB
 
 
 def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
@@ -96,28 +100,13 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
     G = 4 * H
     M = L * B
     x, h, cs = (flat(buf[n], Tn * B) for n in ("x", "h", "cs"))
-    x_grad = flat(buf["x_grad"], Tn * B)
     in_place = dtype == ACC
     ran = M > 0  # reductions over the rows never ran their init when this is false
 
-    # x_grad: one GEMM over the whole row tiles, one over the < ROW_TILE rows left.
-    whole = M // ROW_TILE * ROW_TILE
-    xg = flat(buf["x_grad"], Tn * B) if in_place else temp("xg", (Tn * B, I))
-    tail = temp("x_grad_tail", (ROW_TILE, I))
-    gemm("x_grad_gemm", xg, whole, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_tx[j, k],
-         pad=False)
-    gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
-         lambda j, k: w_tx[j, k])
-    first = whole if in_place else 0
-
-    def x_grad_out(r, k):
-        r = first + r
-        value = tirx.if_then_else(r < M, store(tail[r - whole, k], dtype), zero(dtype))
-        if not in_place:
-            value = tirx.if_then_else(r < whole, store(xg[r, k], dtype), value)
-        T.buffer_store(x_grad, value, [r, k])
-
-    spatial("x_grad_out", (Tn * B - first, I), x_grad_out)
+    if in_place:
+        _x_grad_in_place(buf, sizes, dicfo, w_tx)
+    else:
+        _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx)
 
     # w_grad: the rows [x_t, h_{t-1}] read in place. The reductions run over whole slabs
     # of K_SLAB rows, past M where dicfo is zero; the row index is clamped so that a load
@@ -155,3 +144,40 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
                 zero(dtype)), [k, j]))
     spatial("b_grad_out", (G,), lambda j: T.buffer_store(
         buf["b_grad"], tirx.if_then_else(ran, store(bg[j], dtype), zero(dtype)), [j]))
+
+
+def _x_grad_in_place(buf, sizes, dicfo, w_tx):
+    """float32 ``x_grad = dicfo @ w[:I]^T`` accumulated in the output: one GEMM over the whole
+    row tiles, one over the ``< ROW_TILE`` rows left (through a tile of scratch)."""
+    L, Tn, B, I, H = sizes
+    M, G = L * B, 4 * H
+    whole = M // ROW_TILE * ROW_TILE
+    tail = temp("x_grad_tail", (ROW_TILE, I))
+    head, rest = flat(buf["x_grad"], whole), flat(buf["x_grad"], Tn * B - whole, first=whole)
+    gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_tx[j, k],
+         pad=False)
+    gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
+         lambda j, k: w_tx[j, k])
+    spatial("x_grad_out", (Tn * B - whole, I), lambda r, k: T.buffer_store(
+        rest, tirx.if_then_else(whole + r < M, tail[r, k], zero()), [r, k]))
+
+
+def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
+    """``x_grad = dicfo @ w[:I]^T`` of a float16 op: accumulated in float32 one chunk of
+    ``X_GRAD_CHUNK`` rows at a time (block ``x_grad_chunk``), then rounded into the output,
+    so the float32 scratch does not grow with the sequence. The last chunk reads the rows
+    past ``M`` that ``dicfo`` has (zeros) and drops their results."""
+    L, Tn, B, I, H = sizes
+    M, G = L * B, 4 * H
+    x_grad = flat(buf["x_grad"], Tn * B)
+    xg = temp("xg", (X_GRAD_CHUNK, I))
+    chunks = (M + X_GRAD_CHUNK - 1) // X_GRAD_CHUNK
+    with T.serial(0, chunks) as c:
+        with T.sblock("x_grad_chunk"):
+            first = T.axis.opaque(chunks, c, dtype="int64") * X_GRAD_CHUNK
+            gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
+                 lambda r, j: dicfo[first + r, j], lambda j, k: w_tx[j, k], pad=False)
+            spatial("x_grad_out", (tirx.min(X_GRAD_CHUNK, M - first), I), lambda r, k:
+                    T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
+    spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(
+        x_grad, zero(dtype), [M + r, k]))
