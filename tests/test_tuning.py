@@ -81,20 +81,16 @@ def _commit_sampled_records(db, target, task_list, seed):
         design = space.designs(task, Schedule(mod, seed=seed + i + 1))
         sch = design[(seed + i) % len(design)]
         lib = tvm.compile(sch.mod, target=target)
-        args = _task_args(task, dev)
+        args = _task_args(mod, dev)
         secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
         db.commit_tuning_record(tvm.s_tir.meta_schedule.database.TuningRecord(
             sch.trace, db.commit_workload(mod), [secs], target,
             tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])))
 
 
-def _task_args(task, dev):
-    a_layout, a_dtype = task.a.split(":")
-    b_layout, b_dtype = task.b.split(":")
-    a = (task.M, task.K) if a_layout == "mk" else (task.K, task.M)
-    b = (task.K, task.N) if b_layout == "kn" else (task.N, task.K)
-    return [tvm.runtime.empty(a, a_dtype, dev), tvm.runtime.empty(b, b_dtype, dev),
-            tvm.runtime.empty((task.M, task.N), "float32", dev)]
+def _task_args(mod, dev):
+    infos = tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
+    return [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
 
 
 @pytest.mark.parametrize("seed", [0, 5])

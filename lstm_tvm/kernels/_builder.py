@@ -16,14 +16,16 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["FUSE_GROUP", "K_SLAB", "ROW_TILE", "GemmBlock", "T", "capture_gemms", "fixed_sizes",
-           "flat", "gemm", "kernel", "padded", "reduction", "spatial", "temp", "tensor_loads",
-           "uses_var", "zero"]
+__all__ = ["FUSE_GROUP", "K_SLAB", "PANEL", "ROW_TILE", "GemmBlock", "T", "capture_gemms",
+           "fixed_sizes", "flat", "gemm", "kernel", "padded", "panels", "reduction", "spatial",
+           "temp", "tensor_loads", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
 #: checks; their left operand and output are scratch buffers with room for the extra rows.
 ROW_TILE = 8
+#: Columns of a panel (see :func:`panels`): the register tile's width of GEMMs that read one.
+PANEL = 32
 #: Block annotation of :func:`spatial` blocks in a fusion group (see there).
 FUSE_GROUP = "lstm_tvm.fuse_group"
 #: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
@@ -56,7 +58,7 @@ class GemmBlock:
     """What one GEMM block computes, as seen by tuning: its name, ``M x N x K`` extents (with
     ``seq_len_max`` bound to ``T`` under :func:`fixed_sizes`), and each operand's layout
     (``"mk"``/``"km"`` for ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the
-    contiguous axis) and storage dtype."""
+    contiguous axis; ``"kp"`` for a ``b`` stored as :func:`panels`) and storage dtype."""
 
     name: str
     M: object
@@ -129,16 +131,38 @@ def temp(name: str, shape, dtype: str = ACC):
     return buf
 
 
-def flat(buffer, rows, first=0):
+def flat(buffer, rows, first=0, name: str | None = None):
     """A 2-D view ``(rows, last dim)`` of a contiguous buffer (e.g. ``(T, B, I)`` as ``(T*B, I)``),
-    starting at row ``first``.
+    starting at row ``first``, named ``name`` (default ``<buffer>_rows``; views of one buffer
+    need names of their own).
 
     Every call makes a new view. Blocks that write disjoint rows of one output through
     views of their own each stay the only writer of their buffer, which a reduction block
     must be to be scheduled.
     """
     cols = buffer.shape[-1]
-    return T.decl_buffer((rows, cols), buffer.dtype, data=buffer.data, elem_offset=first * cols)
+    view = T.decl_buffer((rows, cols), buffer.dtype, data=buffer.data, elem_offset=first * cols)
+    IRBuilder.name(name or f"{buffer.name}_rows", view)  # names what schedules derive from it
+    return view
+
+
+def panels(name: str, rows: int, cols: int, value: Callable):
+    """Float32 scratch holding ``value(r, c)`` for ``r < rows, c < cols`` (block ``name``), and
+    its accessor ``(r, c) -> load``, for a GEMM's right operand (``r`` the reduction index).
+
+    Where :data:`PANEL` divides ``cols`` the matrix is stored as ``cols / PANEL`` panels of
+    ``(rows, PANEL)``, each contiguous: a ``PANEL``-wide register tile then streams one
+    contiguous panel along the reduction instead of a strided column block (up to 30% faster
+    for the recurrent products). Otherwise it is stored ``(rows, cols)``.
+    """
+    if cols % PANEL:
+        buf = temp(name, (rows, cols))
+        spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c), [r, c]))
+        return lambda r, c: buf[r, c]
+    buf = temp(name, (cols // PANEL, rows, PANEL))
+    spatial(name, (rows, cols), lambda r, c: T.buffer_store(
+        buf, value(r, c), [c // PANEL, r, c % PANEL]))
+    return lambda r, c: buf[c // PANEL, r, c % PANEL]
 
 
 def padded(rows, multiple: int = ROW_TILE):
@@ -160,11 +184,11 @@ def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
     found = _GEMMS.get()
     if found is not None:
         m, n, k = (tirx.Var(f"gemm_{c}", "int64") for c in "mnk")
-        a_major, a_dtype = _operand(a(m, k), m, k)
-        b_major, b_dtype = _operand(b(k, n), k, n)
+        a_major, a_dtype, _ = _operand(a(m, k), m, k)
+        b_major, b_dtype, b_panel = _operand(b(k, n), k, n)
         found.append(GemmBlock(name, *(_bind_steps(e) for e in (rows, N, K)),
                                "mk" if a_major else "km", a_dtype,
-                               "kn" if b_major else "nk", b_dtype))
+                               "kp" if b_panel else "kn" if b_major else "nk", b_dtype))
 
 
 def _bind_steps(extent):
@@ -198,12 +222,13 @@ def uses_var(expr, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _operand(expr, row, col) -> tuple[bool, str]:
+def _operand(expr, row, col) -> tuple[bool, str, bool]:
     """Whether the first tensor load in ``expr`` indexing ``row``/``col`` is contiguous along
-    ``col`` (row-major), and the loaded tensor's dtype."""
+    ``col`` (row-major), the loaded tensor's dtype, and whether it is stored as panels."""
     for load in tensor_loads(expr):
         if any(uses_var(i, row) or uses_var(i, col) for i in load.indices):
-            return uses_var(load.indices[-1], col), str(load.source.dtype)
+            return (uses_var(load.indices[-1], col), str(load.source.dtype),
+                    len(load.indices) == 3)
     raise ValueError(f"no tensor operand in {expr}")
 
 

@@ -1,9 +1,9 @@
 """Kernel of the sequence forward ops ``BlockLSTM`` and ``BlockLSTMV2``.
 
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
-``xw``, reading a float32 ``x`` in place; float16 ``x`` and ``w`` are widened once by blocks
-``x_f32`` and ``w_f32``, so the GEMMs load float32). The time loop (block ``step``)
-then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
+``xw``, reading a float32 ``x`` in place, a float16 one widened once by block ``x_f32``; ``w``
+is copied once into float32 column panels, block ``w_panels``, see :func:`panels`). The time
+loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
 math (blocks ``gate_act`` and ``cell``, which also writes the next float32 state; block
 ``state_update`` moves the new cell state in place). The state stays in float32 between steps,
 unrounded even for float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate). Steps
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
-from ._builder import ROW_TILE, T, flat, gemm, kernel, padded, spatial, temp, zero
+from ._builder import ROW_TILE, T, flat, gemm, kernel, padded, panels, spatial, temp, zero
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from .block_cell import activation_scratch, cell_blocks
 
@@ -30,25 +30,28 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
     cfg = CellConfig(forget_bias_of(op, attrs), attrs["cell_clip"], attrs["use_peephole"])
     with kernel(op, dtype, I, H) as (buf, size, builder):
         L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
-        x, w = flat(buf["x"], Tn * B), buf["w"]
+        x = flat(buf["x"], Tn * B)
         xw = temp("xw", (Tn * B + ROW_TILE, G))
         gates, h_state = temp("gates", (padded(B), G)), temp("h_state", (padded(B), H))
         cs_state, cs_next = temp("cs_state", (B, H)), temp("cs_next", (B, H))
         acts = activation_scratch(B, H)
-        if dtype != ACC:
-            # Widened once: the GEMMs then load float32, as for float32 (a float16 left
-            # operand costs a conversion per element: xw at 100x64x512x512 ran 30% slower).
-            w, x16 = temp("w_f32", (I + H, G)), x
-            spatial("w_f32", (I + H, G), lambda k, j: T.buffer_store(
-                w, f32(buf["w"][k, j]), [k, j]))
-            x = temp("x_f32", (Tn * B, I))
-            spatial("x_f32", (L * B, I), lambda m, k: T.buffer_store(
-                x, f32(x16[m, k]), [m, k]))
-        # The padded rows read the last row again (a clamped index, no guard: see w_grad_x
-        # in block_lstm_grad); their results are never used.
-        gemm("xw", xw, L * B, G, I, lambda m, k: f32(x[tirx.min(m, L * B - 1), k]),
-             lambda k, j: f32(w[k, j]),
-             init=lambda m, j: f32(buf["b"][j]))
+        w = panels("w_panels", I + H, G, lambda k, j: f32(buf["w"][k, j]))
+        if dtype == ACC:
+            # The padded rows read the last row again (a clamped index, no guard: see
+            # _w_grad in block_lstm_grad); their results are never used.
+            def row(m, k):
+                return x[tirx.min(m, L * B - 1), k]
+        else:
+            # Widened once, padded rows zero: the GEMMs then load float32, as for float32 (a
+            # float16 left operand costs a conversion per element: xw at 100x64x512x512 ran
+            # 30% slower).
+            x16, x = x, temp("x_f32", (Tn * B + ROW_TILE, I))
+            spatial("x_f32", (padded(L * B), I), lambda m, k: T.buffer_store(
+                x, tirx.if_then_else(m < L * B, f32(x16[m, k]), zero()), [m, k]))
+
+            def row(m, k):
+                return x[m, k]
+        gemm("xw", xw, L * B, G, I, row, w, init=lambda m, j: f32(buf["b"][j]))
 
         def init_state(n, k):
             T.buffer_store(h_state, f32(buf["h_prev"][n, k]), [n, k])
@@ -61,7 +64,7 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
             with T.sblock("step"):
                 vt = T.axis.opaque(Tn, t, dtype="int64")
                 gemm("gates", gates, B, G, H, lambda n, k: h_state[n, k],
-                     lambda k, j: f32(w[I + k, j]), init=lambda n, j: xw[vt * B + n, j])
+                     lambda k, j: w(I + k, j), init=lambda n, j: xw[vt * B + n, j])
                 cell_blocks(cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
                             lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
                             state={"h": h_state, "cs": cs_next})

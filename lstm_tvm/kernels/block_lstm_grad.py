@@ -3,8 +3,8 @@
 Only the carry ``dh`` is truly serial. The time loop (block ``step``, t = seq_len_max-1..0)
 runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients ``dicfo`` and
 the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
-``w`` is transposed once, into ``w[:I]^T`` and ``w[I:]^T`` (blocks ``w_t_x``, ``w_t_h``), so
-both products with it run along the contiguous rows of a dense matrix.
+``w`` is transposed once, into ``w[:I]^T`` and ``w[I:]^T`` (blocks ``w_t_x``, ``w_t_h``, stored
+as column panels, see :func:`panels`), so both products with it stream contiguous memory.
 After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
 ``x_grad_tail`` for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk
 for float16; ``w_grad_x``, and ``w_grad_h0`` then ``w_grad_h`` for the rows of ``h_{t-1}``),
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, reduction, spatial,
-                       temp, zero)
+from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, panels, reduction,
+                       spatial, temp, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -42,15 +42,12 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         dh, dcs, dcs_next = temp("dh", (padded(B), H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
         spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
-        # Two dense matrices, not one (G, I+H): a GEMM operand whose row stride is wider than
-        # its columns ran 2x slower (x_grad_gemm at 64x32x256x256: 7 ms against 3.4 ms).
-        w_tx, w_th = temp("w_t_x", (G, I)), temp("w_t_h", (G, H))
+        # Two matrices, not one (G, I+H): a GEMM operand whose row stride is wider than its
+        # columns ran 2x slower (x_grad_gemm at 64x32x256x256: 7 ms against 3.4 ms).
+        w_tx = panels("w_t_x", G, I, lambda j, k: f32(buf["w"][k, j]))
+        w_th = panels("w_t_h", G, H, lambda j, k: f32(buf["w"][I + k, j]))
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
             t > 0, f32(buf["cs"][t - 1, n, k]), f32(buf["cs_prev"][n, k]))
-
-        spatial("w_t_x", (G, I), lambda j, k: T.buffer_store(w_tx, f32(buf["w"][k, j]), [j, k]))
-        spatial("w_t_h", (G, H), lambda j, k: T.buffer_store(
-            w_th, f32(buf["w"][I + k, j]), [j, k]))
 
         def init_state(n, k):
             T.buffer_store(dh, zero(), [n, k])
@@ -77,7 +74,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                         lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
                         group="cell_grad")
                 gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j],
-                     lambda j, k: w_th[j, k])
+                     w_th)
         _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
 
         def state_out(n, k):
@@ -150,7 +147,8 @@ def _w_grad(buf, sizes, dicfo, transposed: bool):
     if transposed:
         wgx, wgh, wgh0 = temp("wgx", (G, I)), temp("wgh", (G, H)), temp("wgh0", (G, H))
     else:
-        wgx, wgh = flat(buf["w_grad"], I), flat(buf["w_grad"], H, first=I)
+        wgx = flat(buf["w_grad"], I, name="w_grad_x_rows")
+        wgh = flat(buf["w_grad"], H, first=I, name="w_grad_h_rows")
         wgh0 = temp("wgh0", (H, G))
     parts = (("w_grad_x", wgx, I, padded(M, K_SLAB), 0, None,
               lambda r, k: f32(x[tirx.min(r, M - 1), k])),
@@ -176,11 +174,12 @@ def _x_grad_in_place(buf, sizes, dicfo, w_tx):
     M, G = L * B, 4 * H
     whole = M // ROW_TILE * ROW_TILE
     tail = temp("x_grad_tail", (ROW_TILE, I))
-    head, rest = flat(buf["x_grad"], whole), flat(buf["x_grad"], Tn * B - whole, first=whole)
-    gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], lambda j, k: w_tx[j, k],
+    head = flat(buf["x_grad"], whole, name="x_grad_head")
+    rest = flat(buf["x_grad"], Tn * B - whole, first=whole, name="x_grad_rest")
+    gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], w_tx,
          pad=False)
     gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
-         lambda j, k: w_tx[j, k])
+         w_tx)
     spatial("x_grad_out", (Tn * B - whole, I), lambda r, k: T.buffer_store(
         rest, tirx.if_then_else(whole + r < M, tail[r, k], zero()), [r, k]))
 
@@ -199,7 +198,7 @@ def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
         with T.sblock("x_grad_chunk"):
             first = T.axis.opaque(chunks, c, dtype="int64") * X_GRAD_CHUNK
             gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
-                 lambda r, j: dicfo[first + r, j], lambda j, k: w_tx[j, k], pad=False)
+                 lambda r, j: dicfo[first + r, j], w_tx, pad=False)
             spatial("x_grad_out", (tirx.min(X_GRAD_CHUNK, M - first), I), lambda r, k:
                     T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
     spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(

@@ -44,7 +44,8 @@ import logging
 from tvm.sym import Analyzer
 
 from .._tvm import Schedule, tirx
-from .gpu_ir import guard_empty_launches, hoist_allocations, isolated, unbound_blocks
+from .gpu_ir import (declared_views, guard_empty_launches, hoist_allocations, isolated,
+                     restore_views, unbound_blocks)
 from .rules import leaf_blocks
 
 log = logging.getLogger(__name__)
@@ -112,13 +113,15 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
     (the CUDA build then fails on it).
     """
     func = hoist_allocations(func)
+    views = declared_views(func)
     max_threads = _max_threads(target)
     sch = Schedule(func)
     blocks = [(sch.get(b).name_hint, _rule_for(sch, b)) for b in leaf_blocks(sch)]
     for name, rule in blocks:
         try:
             if rule is _schedule_gemm:
-                func = isolated(func, name, lambda s, b: _schedule_gemm(s, b, max_threads))
+                func = restore_views(isolated(
+                    func, name, lambda s, b: _schedule_gemm(s, b, max_threads)), views)
             else:
                 trial = Schedule(func)
                 rule(trial, trial.get_sblock(name), max_threads)
@@ -238,7 +241,9 @@ def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | N
         raise ValueError(f"tile {tile} needs more than {max_threads} threads")
     stmt = sch.get(block)
     out_name = stmt.writes[0].source.name
-    staged = [b for b in dict.fromkeys(_plain_operands(stmt)) if b != out_name]
+    # Views of a buffer are read in place: clamped row indices leave no static region to stage.
+    views = declared_views(sch.mod["main"])
+    staged = [b for b in dict.fromkeys(_plain_operands(stmt)) if b != out_name and b not in views]
     staged = staged if tile.stage else []
     bm, ty, im = sch.split(m, [None, tile.ty, tile.tm])
     bn, tx, jn = sch.split(n, [None, tile.tx, tile.tn])

@@ -32,6 +32,35 @@ def hoist_allocations(func):
     return func.with_body(SBlockRealize(realize.iter_values, realize.predicate, block))
 
 
+def declared_views(func) -> dict:
+    """The declarations (``DeclBuffer`` statements) of buffers over another buffer's memory
+    at ``func``'s root (e.g. the kernels' row views), by buffer name."""
+    root = func.body.block
+    items = list(root.body.seq) if isinstance(root.body, tirx.SeqStmt) else [root.body]
+    return {st.buffer.name: st for st in items if isinstance(st, tirx.DeclBuffer)}
+
+
+def restore_views(func, views: dict):
+    """``func`` with the root's declarations of ``views`` (see :func:`declared_views`) put back.
+
+    TVM 0.27's ``cache_read``/``cache_write`` of a view substitute the cache buffer in the
+    view's own declaration too: the cache buffer is then defined twice and the view not at
+    all. Each declaration of ``<view>_local`` / ``<view>_shared`` is turned back into the
+    view's.
+    """
+    realize = func.body
+    root = realize.block
+    if not views or not isinstance(root.body, tirx.SeqStmt):
+        return func
+    caches = {f"{name}_{scope}": view for name, view in views.items()
+              for scope in ("local", "shared")}
+    stmts = [caches[st.buffer.name]
+             if isinstance(st, tirx.DeclBuffer) and st.buffer.name in caches else st
+             for st in root.body.seq]
+    return func.with_body(SBlockRealize(realize.iter_values, realize.predicate,
+                                        _with_body(root, tirx.SeqStmt(stmts))))
+
+
 def _seq(stmts):
     return stmts[0] if len(stmts) == 1 else tirx.SeqStmt(stmts)
 

@@ -10,7 +10,7 @@ schedules the same-named block of a kernel whose ``T`` and ``B`` are symbolic.
 
 from __future__ import annotations
 
-from ..kernels._builder import ROW_TILE
+from ..kernels._builder import PANEL, ROW_TILE
 from ..schedule.rules import ACCUMULATORS, GemmTile, apply_gemm
 from .tasks import Task
 
@@ -25,6 +25,8 @@ def choices(task: Task) -> dict[str, list[int]]:
         rows = [r for r in rows if ROW_TILE % r == 0]
     cols = [c for c in (16, 32, 48, 64) if task.N % c == 0
             and (task.n_multiple == 0 or task.n_multiple % c == 0)] or [task.N]
+    if task.b.startswith("kp:"):  # a vector of a tile's row must lie in one panel
+        cols = [PANEL]
     # One unroll, 4 where it divides: less was at best a few percent faster in the tasks and,
     # measured in the kernels (with the guarded weight-gradient operands they had then), up
     # to 30% slower; one value keeps the space small enough for 16 trials to cover.

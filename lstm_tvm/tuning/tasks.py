@@ -14,7 +14,8 @@ import json
 from .._tvm import TB as T
 from .._tvm import IRBuilder, tirx, tvm
 from ..build import kernel_func
-from ..kernels._builder import K_SLAB, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes, gemm
+from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes,
+                               gemm)
 from ..kernels._gates import f32
 from ..kernels.cell_grad_matmul import BATCH_COLUMNS
 
@@ -92,7 +93,10 @@ class Task:
         a_layout, a_dtype = self.a.split(":")
         b_layout, b_dtype = self.b.split(":")
         a_shape = (self.M, self.K) if a_layout == "mk" else (self.K, self.M)
-        b_shape = (self.K, self.N) if b_layout == "kn" else (self.N, self.K)
+        b_shape = {"kn": (self.K, self.N), "nk": (self.N, self.K),
+                   "kp": (self.N // PANEL, self.K, PANEL)}[b_layout]
+        b_load = {"kn": lambda b, k, n: b[k, n], "nk": lambda b, k, n: b[n, k],
+                  "kp": lambda b, k, n: b[n // PANEL, k, n % PANEL]}[b_layout]
         with IRBuilder() as builder, T.prim_func(s_tir=True):
             T.func_name("main")
             T.func_attr({"tirx.noalias": True, TASK_ATTR: self.to_json()})
@@ -101,7 +105,7 @@ class Task:
             c = T.arg("c", T.Buffer((self.M, self.N), "float32"))
             gemm(self.name, c, self.M, self.N, self.K,
                  lambda m, k: f32(a[m, k] if a_layout == "mk" else a[k, m]),
-                 lambda k, n: f32(b[k, n] if b_layout == "kn" else b[n, k]), pad=False)
+                 lambda k, n: f32(b_load(b, k, n)), pad=False)
         return builder.get()
 
 
