@@ -210,6 +210,18 @@ def _semantics_cases():
                                        marks=[] if default else [pytest.mark.slow])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op_name", OPS)
+def test_gpu_allocations_start_at_their_own_memory(op_name, dtype):
+    """A cache of a GEMM's output inherits the output's element offset (TVM 0.27); an offset
+    view of an output cached in local memory was written past its allocation."""
+    func = schedule_for(op_name, _kernel(op_name, dtype, I, H, _attrs(op_name)),
+                        resolve_target({"kind": "cuda", "arch": "sm_80"}), [])
+    offset = {b.name: b.elem_offset for b in testing.allocations(func)
+              if not (isinstance(b.elem_offset, tirx.IntImm) and b.elem_offset.value == 0)}
+    assert offset == {}, offset
+
+
 @pytest.mark.parametrize("op_name, dtype, T, seq_len_max, use_peephole", list(_semantics_cases()))
 def test_gpu_schedule_semantics_on_cpu(op_name, dtype, T, seq_len_max, use_peephole):
     _run_serialized(op_name, dtype, 3, T, seq_len_max, use_peephole)

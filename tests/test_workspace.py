@@ -8,9 +8,8 @@ off the kernels built at two fixed sequence lengths.
 import numpy as np
 import pytest
 from tvm.sym import Analyzer
-from tvm.tirx.stmt import AllocBuffer
 
-from lstm_tvm import registry, validation
+from lstm_tvm import registry, testing, validation
 from lstm_tvm.build import kernel_func
 from lstm_tvm.kernels._builder import fixed_sizes
 
@@ -22,19 +21,8 @@ def _scratch_bytes(op_name, dtype, steps):
     attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": True})
     with fixed_sizes(T=steps, B=B):
         func = kernel_func(op_name, dtype, I, H, attrs)
-    found = {}
-    stack = [func.body]
-    while stack:  # every statement reachable through the fields that nest statements
-        node = stack.pop()
-        allocs = [node.buffer] if isinstance(node, AllocBuffer) else []
-        for buf in [*allocs, *getattr(node, "alloc_buffers", ())]:
-            elems = int(np.prod([int(Analyzer().simplify(e)) for e in buf.shape]))
-            found[buf.name] = elems * np.dtype(buf.dtype).itemsize
-        for field in ("body", "block", "then_case", "else_case", "init"):
-            child = getattr(node, field, None)
-            if child is not None:
-                stack.append(child)
-        stack.extend(getattr(node, "seq", ()))
+    found = {buf.name: int(np.prod([int(Analyzer().simplify(e)) for e in buf.shape]))
+             * np.dtype(buf.dtype).itemsize for buf in testing.allocations(func)}
     assert found, "no scratch buffer found: the walk missed the kernel's blocks"
     return found
 

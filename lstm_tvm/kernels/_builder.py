@@ -138,7 +138,9 @@ def flat(buffer, rows, first=0, name: str | None = None):
 
     Every call makes a new view. Blocks that write disjoint rows of one output through
     views of their own each stay the only writer of their buffer, which a reduction block
-    must be to be scheduled.
+    must be to be scheduled. A reduction block should write a view that starts at row 0
+    (``gemm(..., row0=)`` instead): a schedule's cache of its output inherits the view's
+    offset (TVM 0.27).
     """
     cols = buffer.shape[-1]
     view = T.decl_buffer((rows, cols), buffer.dtype, data=buffer.data, elem_offset=first * cols)
@@ -171,15 +173,15 @@ def padded(rows, multiple: int = ROW_TILE):
 
 
 def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
-         init: Callable | None = None, pad: bool = True) -> None:
-    """``out[m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N, k < K``.
+         init: Callable | None = None, pad: bool = True, row0=0) -> None:
+    """``out[row0 + m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N, k < K``.
 
     ``K`` may be symbolic. With ``pad`` (for a symbolic ``M``) the rows
     ``M <= m < padded(M)`` are computed too: ``a`` must be readable there (a scratch operand
     with spare rows) and ``out`` must have them; callers ignore their results.
     """
     rows = padded(M) if pad else M
-    reduction(name, out, (rows, N), (K,), lambda m, n: (m, n),
+    reduction(name, out, (rows, N), (K,), lambda m, n: (row0 + m, n),
               lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
     found = _GEMMS.get()
     if found is not None:

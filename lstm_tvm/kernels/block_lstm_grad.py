@@ -130,7 +130,8 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
 def _w_grad(buf, sizes, dicfo, transposed: bool):
     """``w_grad = [x_t, h_{t-1}]^T @ dicfo`` over all rows as three GEMMs: ``w_grad_x``, then
     ``w_grad_h0`` (the initial state's rows) and ``w_grad_h`` starting from it. Returns the
-    buffers holding the ``x`` and ``h`` parts: views of a float32 output, or, ``transposed``,
+    buffers holding the ``x`` and ``h`` parts: views of a float32 output (the ``h`` part at
+    rows ``I:``), or, ``transposed``,
     float32 scratch holding ``w_grad^T`` (blocks named ``..._t``), the float16 layout: there
     the float16 rows are the GEMMs' right operand, widened a vector at a time, not an element
     at a time (30% slower at 100x64x512x512).
@@ -147,8 +148,9 @@ def _w_grad(buf, sizes, dicfo, transposed: bool):
     if transposed:
         wgx, wgh, wgh0 = temp("wgx", (G, I)), temp("wgh", (G, H)), temp("wgh0", (G, H))
     else:
-        wgx = flat(buf["w_grad"], I, name="w_grad_x_rows")
-        wgh = flat(buf["w_grad"], H, first=I, name="w_grad_h_rows")
+        # Each GEMM its own view, from row 0 (see flat); the h part starts at row I.
+        wgx = flat(buf["w_grad"], I + H, name="w_grad_x_rows")
+        wgh = flat(buf["w_grad"], I + H, name="w_grad_h_rows")
         wgh0 = temp("wgh0", (H, G))
     parts = (("w_grad_x", wgx, I, padded(M, K_SLAB), 0, None,
               lambda r, k: f32(x[tirx.min(r, M - 1), k])),
@@ -163,7 +165,8 @@ def _w_grad(buf, sizes, dicfo, transposed: bool):
                  row, init=init, pad=False)
         else:
             gemm(name, out, width, G, rows, lambda k, r, row=row: row(r, k),
-                 lambda r, j, shift=shift: dicfo[shift + r, j], init=init, pad=False)
+                 lambda r, j, shift=shift: dicfo[shift + r, j], init=init, pad=False,
+                 row0=I if out is wgh else 0)
     return wgx, wgh
 
 
