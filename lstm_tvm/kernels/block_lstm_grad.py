@@ -115,9 +115,9 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
                                                   f32(buf["cs_prev"][r[0], k])),
                    lambda k, r: f32(cs[r[0], k]))
     if in_place:
-        empty = tirx.Select(ran, tirx.const(0, "int64"), tirx.const(I + H, "int64"))
-        spatial("w_grad_zero", (empty, G), lambda k, j: T.buffer_store(
-            buf["w_grad"], zero(), [k, j]))
+        with T.If(tirx.Not(ran)), T.Then():
+            spatial("w_grad_zero", (I + H, G), lambda k, j: T.buffer_store(
+                buf["w_grad"], zero(), [k, j]))
     else:
         spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
             buf["w_grad"], tirx.if_then_else(
