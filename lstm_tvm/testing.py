@@ -216,18 +216,13 @@ def fd_gradient(loss, params: dict, name: str, eps: float = 1e-6) -> np.ndarray:
 
 def allocations(func) -> list:
     """Every buffer a PrimFunc allocates (``AllocBuffer`` statements and blocks' allocation
-    lists), in a walk of the statements that nest statements."""
+    lists)."""
+    import tvm_ffi
+    from tvm.s_tir.stmt import SBlock
     from tvm.tirx.stmt import AllocBuffer
 
-    found, stack = [], [func.body]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, AllocBuffer):
-            found.append(node.buffer)
-        found.extend(getattr(node, "alloc_buffers", ()))
-        for field in ("body", "block", "then_case", "else_case", "init"):
-            child = getattr(node, field, None)
-            if child is not None:
-                stack.append(child)
-        stack.extend(getattr(node, "seq", ()))
+    found = []
+    tvm_ffi.structural_walk(func.body, [
+        (AllocBuffer, lambda node: found.append(node.buffer)),
+        (SBlock, lambda node: found.extend(node.alloc_buffers))])
     return found

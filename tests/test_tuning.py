@@ -81,16 +81,11 @@ def _commit_sampled_records(db, target, task_list, seed):
         design = space.designs(task, Schedule(mod, seed=seed + i + 1))
         sch = design[(seed + i) % len(design)]
         lib = tvm.compile(sch.mod, target=target)
-        args = _task_args(mod, dev)
+        infos = tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
+        args = [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
         secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
         db.commit_tuning_record(tvm.s_tir.meta_schedule.database.TuningRecord(
-            sch.trace, db.commit_workload(mod), [secs], target,
-            tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])))
-
-
-def _task_args(mod, dev):
-    infos = tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
-    return [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
+            sch.trace, db.commit_workload(mod), [secs], target, infos))
 
 
 @pytest.mark.parametrize("seed", [0, 5])

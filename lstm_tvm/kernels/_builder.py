@@ -158,13 +158,12 @@ def panels(name: str, rows: int, cols: int, value: Callable):
     for the recurrent products). Otherwise it is stored ``(rows, cols)``.
     """
     if cols % PANEL:
-        buf = temp(name, (rows, cols))
-        spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c), [r, c]))
-        return lambda r, c: buf[r, c]
-    buf = temp(name, (cols // PANEL, rows, PANEL))
-    spatial(name, (rows, cols), lambda r, c: T.buffer_store(
-        buf, value(r, c), [c // PANEL, r, c % PANEL]))
-    return lambda r, c: buf[c // PANEL, r, c % PANEL]
+        shape, at = (rows, cols), lambda r, c: (r, c)
+    else:
+        shape, at = (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
+    buf = temp(name, shape)
+    spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c), list(at(r, c))))
+    return lambda r, c: buf[at(r, c)]
 
 
 def padded(rows, multiple: int = ROW_TILE):

@@ -3,11 +3,12 @@
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
 ``xw``, reading a float32 ``x`` in place, a float16 one widened once by block ``x_f32``; ``w``
 is copied once into float32 column panels, block ``w_panels``, see :func:`panels`). The time
-loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block ``gates``) and the fused gate
-math (blocks ``gate_act`` and ``cell``, which also writes the next float32 state; block
-``state_update`` moves the new cell state in place). The state stays in float32 between steps,
-unrounded even for float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate). Steps
-``t >= seq_len_max`` are zero in every output (block ``pad``).
+loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block
+``gates``) and the fused gate math (blocks ``gate_act`` and ``cell``, which also writes the
+next float32 state; block ``state_update`` moves the new cell state in place). The state stays
+in float32 between steps, unrounded even for float16 outputs (TF feeds back rounded values;
+lstm_tvm is more accurate). Steps ``t >= seq_len_max`` are zero in every output (block
+``pad``).
 """
 
 from __future__ import annotations

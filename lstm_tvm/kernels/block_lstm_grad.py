@@ -73,8 +73,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                 spatial("dcs_update", (B, H),
                         lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
                         group="cell_grad")
-                gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j],
-                     w_th)
+                gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
         _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
 
         def state_out(n, k):
@@ -131,10 +130,9 @@ def _w_grad(buf, sizes, dicfo, transposed: bool):
     """``w_grad = [x_t, h_{t-1}]^T @ dicfo`` over all rows as three GEMMs: ``w_grad_x``, then
     ``w_grad_h0`` (the initial state's rows) and ``w_grad_h`` starting from it. Returns the
     buffers holding the ``x`` and ``h`` parts: views of a float32 output (the ``h`` part at
-    rows ``I:``), or, ``transposed``,
-    float32 scratch holding ``w_grad^T`` (blocks named ``..._t``), the float16 layout: there
-    the float16 rows are the GEMMs' right operand, widened a vector at a time, not an element
-    at a time (30% slower at 100x64x512x512).
+    rows ``I:``), or, ``transposed``, float32 scratch holding ``w_grad^T`` (blocks named
+    ``..._t``), the float16 layout: there the float16 rows are the GEMMs' right operand,
+    widened a vector at a time, not an element at a time (30% slower at 100x64x512x512).
 
     ``x`` and ``h`` are read in place. The reductions run over whole slabs of K_SLAB rows,
     past M where ``dicfo`` is zero; the row index is clamped so that a load past M reads a
@@ -152,13 +150,15 @@ def _w_grad(buf, sizes, dicfo, transposed: bool):
         wgx = flat(buf["w_grad"], I + H, name="w_grad_x_rows")
         wgh = flat(buf["w_grad"], I + H, name="w_grad_h_rows")
         wgh0 = temp("wgh0", (H, G))
-    parts = (("w_grad_x", wgx, I, padded(M, K_SLAB), 0, None,
+    # (block, output, its first row in a float32 w_grad, width, rows reduced, first row of
+    # dicfo, the GEMM it starts from, the row of x or h)
+    parts = (("w_grad_x", wgx, 0, I, padded(M, K_SLAB), 0, None,
               lambda r, k: f32(x[tirx.min(r, M - 1), k])),
-             ("w_grad_h0", wgh0, H, tirx.min(B, M), 0, None,
+             ("w_grad_h0", wgh0, 0, H, tirx.min(B, M), 0, None,
               lambda n, k: f32(buf["h_prev"][n, k])),
-             ("w_grad_h", wgh, H, padded(after_first, K_SLAB), B, wgh0,
+             ("w_grad_h", wgh, I, H, padded(after_first, K_SLAB), B, wgh0,
               lambda r, k: f32(h[tirx.min(r, after_first - 1), k])))
-    for name, out, width, rows, shift, start, row in parts:
+    for name, out, row0, width, rows, shift, start, row in parts:
         init = None if start is None else (lambda p, q, start=start: start[p, q])
         if transposed:
             gemm(f"{name}_t", out, G, width, rows, lambda j, r, shift=shift: dicfo[shift + r, j],
@@ -166,7 +166,7 @@ def _w_grad(buf, sizes, dicfo, transposed: bool):
         else:
             gemm(name, out, width, G, rows, lambda k, r, row=row: row(r, k),
                  lambda r, j, shift=shift: dicfo[shift + r, j], init=init, pad=False,
-                 row0=I if out is wgh else 0)
+                 row0=row0)
     return wgx, wgh
 
 
@@ -179,10 +179,8 @@ def _x_grad_in_place(buf, sizes, dicfo, w_tx):
     tail = temp("x_grad_tail", (ROW_TILE, I))
     head = flat(buf["x_grad"], whole, name="x_grad_head")
     rest = flat(buf["x_grad"], Tn * B - whole, first=whole, name="x_grad_rest")
-    gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], w_tx,
-         pad=False)
-    gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
-         w_tx)
+    gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], w_tx, pad=False)
+    gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j], w_tx)
     spatial("x_grad_out", (Tn * B - whole, I), lambda r, k: T.buffer_store(
         rest, tirx.if_then_else(whole + r < M, tail[r, k], zero()), [r, k]))
 

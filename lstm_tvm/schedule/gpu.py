@@ -120,8 +120,8 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
     for name, rule in blocks:
         try:
             if rule is _schedule_gemm:
-                func = restore_views(isolated(
-                    func, name, lambda s, b: _schedule_gemm(s, b, max_threads)), views)
+                func = restore_views(isolated(func, name, lambda s, b: _schedule_gemm(
+                    s, b, max_threads, views=views)), views)
             else:
                 trial = Schedule(func)
                 rule(trial, trial.get_sblock(name), max_threads)
@@ -231,9 +231,12 @@ def _plain_operands(stmt) -> list[str]:
     return names
 
 
-def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | None = None) -> None:
+def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | None = None,
+                   views=()) -> None:
     """Register-tiled GEMM with shared-memory staging (see :class:`GpuGemmTile`). Needs the
-    block's loop nest alone in its scope (:func:`lstm_tvm.schedule.gpu_ir.isolated`)."""
+    block's loop nest alone in its scope (:func:`lstm_tvm.schedule.gpu_ir.isolated`).
+    ``views``: names of row views (:func:`~lstm_tvm.schedule.gpu_ir.declared_views`), read
+    in place: their clamped row indices leave no static region to stage."""
     (m, n), (k,) = _axes(sch, block)
     if tile is None:
         tile = default_gpu_tile(sch.get(m).extent, sch.get(n).extent, sch.get(k).extent)
@@ -241,8 +244,6 @@ def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | N
         raise ValueError(f"tile {tile} needs more than {max_threads} threads")
     stmt = sch.get(block)
     out_name = stmt.writes[0].source.name
-    # Views of a buffer are read in place: clamped row indices leave no static region to stage.
-    views = declared_views(sch.mod["main"])
     staged = [b for b in dict.fromkeys(_plain_operands(stmt)) if b != out_name and b not in views]
     staged = staged if tile.stage else []
     bm, ty, im = sch.split(m, [None, tile.ty, tile.tm])

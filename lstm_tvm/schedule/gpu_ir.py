@@ -43,17 +43,16 @@ def declared_views(func) -> dict:
 def restore_views(func, views: dict):
     """``func`` with the root's declarations of ``views`` (see :func:`declared_views`) put back.
 
-    TVM 0.27's ``cache_read``/``cache_write`` of a view substitute the cache buffer in the
-    view's own declaration too: the cache buffer is then defined twice and the view not at
-    all. Each declaration of ``<view>_local`` / ``<view>_shared`` is turned back into the
-    view's.
+    TVM 0.27's ``cache_write`` of a view substitutes the cache buffer in the view's own
+    declaration too: the cache buffer is then defined twice and the view not at all. Each
+    declaration of ``<view>_local`` is turned back into the view's (views are never read
+    through a cache: see ``_schedule_gemm``).
     """
     realize = func.body
     root = realize.block
     if not views or not isinstance(root.body, tirx.SeqStmt):
         return func
-    caches = {f"{name}_{scope}": view for name, view in views.items()
-              for scope in ("local", "shared")}
+    caches = {f"{name}_local": view for name, view in views.items()}
     stmts = [caches[st.buffer.name]
              if isinstance(st, tirx.DeclBuffer) and st.buffer.name in caches else st
              for st in root.body.seq]

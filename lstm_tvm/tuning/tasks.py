@@ -63,7 +63,7 @@ class Task:
 
     @property
     def key(self) -> str:
-        """A readable identity, e.g. ``w_grad_gemm 512x1024x2048 a=km:float32 b=kn:float32``."""
+        """A readable identity, e.g. ``w_grad_x 512x2048x6400 a=km:float32 b=kn:float32``."""
         return f"{self.name} {self.M}x{self.N}x{self.K} a={self.a} b={self.b}"
 
     @property
