@@ -10,6 +10,7 @@ import contextlib
 import functools
 import json
 import os
+import platform
 
 import tvm
 from tvm import tirx
@@ -32,7 +33,14 @@ def host_cpu() -> str:
 
 
 def _host_llvm() -> dict:
-    return {"kind": "llvm", "mcpu": host_cpu(), "num-cores": os.cpu_count() or 1}
+    target = {"kind": "llvm", "mcpu": host_cpu(), "num-cores": os.cpu_count() or 1}
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        # LLVM's tuning for many AVX-512 CPUs (Ice Lake and later Intel cores) prefers 256-bit
+        # vectors: the vectorised gate math then ran in ymm halves. Without the preference it
+        # uses zmm: BlockLSTM at 64x32x256x256 went from 9.3 to 8.3 ms, no case slower. A
+        # tuning flag only: CPUs without AVX-512 are unaffected.
+        target["mattr"] = ["-prefer-256-bit"]
+    return target
 
 
 #: The CUDA architecture of a CUDA target that names none when no GPU is visible: ``sm_80``
