@@ -5,10 +5,12 @@ import subprocess
 import sys
 
 import pytest
+import tvm_ffi
 
 from lstm_tvm import build, registry, validation
-from lstm_tvm._tvm import resolve_target
+from lstm_tvm._tvm import SBlock, resolve_target, tirx
 from lstm_tvm.kernels import BUILDERS
+from lstm_tvm.kernels._builder import STEP_BLOCK
 from lstm_tvm.kernels.cell_grad_matmul import cell_grad_matmul
 from lstm_tvm.schedule import schedule_for
 
@@ -39,6 +41,23 @@ def test_scheduled_kernel_has_parallel_and_vector_loops():
     spec = build.make_spec("BlockLSTMGradV2", "float32", 64, 64, {"use_peephole": True})
     text = build.primfunc(spec).script()
     assert "T.parallel(" in text and "T.vectorized(" in text
+
+
+@pytest.mark.parametrize("op_name,sizes", [("BlockLSTM", (64, 512)), ("BlockLSTMGrad", (64, 128))])
+def test_each_step_launches_two_parallel_regions(op_name, sizes):
+    """The recurrent GEMM (whose reduction, of 512 here, a GEMM outside the time loop would cut
+    into slabs, each a parallel loop) and the gate math: one parallel loop each per step."""
+    op = registry.get_op(op_name)
+    attrs = validation.validate_attrs(op, {"use_peephole": False})
+    func = BUILDERS[op_name](op, "float32", *sizes, attrs)
+    scheduled = schedule_for(op_name, func, resolve_target())
+    steps, parallel = [], []
+    tvm_ffi.structural_walk(scheduled.body, [(SBlock, lambda node: steps.append(node)
+                                              if node.name_hint == STEP_BLOCK else None)])
+    assert len(steps) == 1
+    tvm_ffi.structural_walk(steps[0].body, [(tirx.For, lambda node: parallel.append(node)
+                                             if node.kind == tirx.ForKind.PARALLEL else None)])
+    assert len(parallel) == 2
 
 
 def test_cpu_thread_pool_uses_every_core():

@@ -6,6 +6,7 @@ trip and that every schedule the space can produce computes the right thing in t
 """
 
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import lstm_tvm
-from lstm_tvm import build, reference, testing
+from lstm_tvm import build, reference, registry, testing, validation
 from lstm_tvm._tvm import Schedule, resolve_target, tvm
 from lstm_tvm.tuning import collect_tasks, database, space
 from lstm_tvm.tuning import tasks as task_mod
@@ -139,6 +140,21 @@ def test_space_choices_divide_what_the_kernels_guarantee():
         assert all(task.N % v == 0 for v in c["cols"]), task
         assert all(task.n_multiple % v == 0 for v in c["cols"] if task.n_multiple), task
         assert all(task.k_multiple % v == 0 for v in c["k_unroll"] + c["k_block"]), task
+
+
+def test_per_step_gemms_are_tuned_without_reduction_slabs():
+    """The GEMMs inside the time loops run every step: their space never cuts the reduction,
+    and records of the same GEMM outside a time loop do not apply to them."""
+    for op_name, recurrent in (("BlockLSTM", "gates"), ("BlockLSTMGrad", "dh")):
+        attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
+        blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs)
+        assert {b.name for b in blocks if b.per_step} == {recurrent}
+        task = next(t for t in task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, 64)
+                    if t.name == recurrent)
+        assert task.per_step and task.K >= 512 and space.choices(task)["k_block"] == []
+        block = next(b for b in blocks if b.name == recurrent)
+        assert task.matches(block)
+        assert not dataclasses.replace(task, per_step=False).matches(block)
 
 
 def test_target_keys_name_the_machine():

@@ -16,9 +16,9 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["FUSE_GROUP", "K_SLAB", "PANEL", "ROW_TILE", "GemmBlock", "T", "capture_gemms",
-           "fixed_sizes", "flat", "gemm", "kernel", "padded", "panels", "reduction", "spatial",
-           "temp", "tensor_loads", "uses_var", "zero"]
+__all__ = ["FUSE_GROUP", "K_SLAB", "PANEL", "ROW_TILE", "STEP_BLOCK", "GemmBlock", "T",
+           "capture_gemms", "fixed_sizes", "flat", "gemm", "kernel", "padded", "panels",
+           "reduction", "spatial", "temp", "tensor_loads", "time_loop", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -32,6 +32,8 @@ FUSE_GROUP = "lstm_tvm.fuse_group"
 #: zero past the last row up to this multiple, so a schedule may block the reduction by any
 #: divisor of it without bounds checks.
 K_SLAB = 256
+#: Name of the block that holds one step of a sequence kernel's time loop (:func:`time_loop`).
+STEP_BLOCK = "step"
 
 _FIXED_SIZES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fixed_sizes",
                                                                             default=None)
@@ -58,7 +60,8 @@ class GemmBlock:
     """What one GEMM block computes, as seen by tuning: its name, ``M x N x K`` extents (with
     ``seq_len_max`` bound to ``T`` under :func:`fixed_sizes`), and each operand's layout
     (``"mk"``/``"km"`` for ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the
-    contiguous axis; ``"kp"`` for a ``b`` stored as :func:`panels`) and storage dtype."""
+    contiguous axis; ``"kp"`` for a ``b`` stored as :func:`panels`) and storage dtype;
+    ``per_step``: the block runs once per step of a :func:`time_loop`."""
 
     name: str
     M: object
@@ -68,6 +71,7 @@ class GemmBlock:
     a_dtype: str
     b_layout: str
     b_dtype: str
+    per_step: bool = False
 
 
 @contextlib.contextmanager
@@ -83,6 +87,7 @@ def capture_gemms():
 
 _GEMMS: contextvars.ContextVar[list | None] = contextvars.ContextVar("gemms", default=None)
 _STEPS: contextvars.ContextVar[object] = contextvars.ContextVar("steps", default=None)
+_IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("in_step", default=False)
 
 
 @contextlib.contextmanager
@@ -122,6 +127,22 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     yield buffers, sizes, builder
             else:
                 yield buffers, sizes, builder
+
+
+@contextlib.contextmanager
+def time_loop(steps, extent, reverse: bool = False):
+    """The serial loop over ``steps`` time steps of a sequence kernel, one block
+    :data:`STEP_BLOCK` per step; yields the step's time index (``0 .. steps-1``, or from
+    ``steps-1`` down with ``reverse``), an opaque block iterator over ``extent``. Blocks
+    emitted inside run once per step (GEMMs there are marked ``per_step``)."""
+    with T.serial(0, steps) as s:
+        with T.sblock(STEP_BLOCK):
+            vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
+            token = _IN_STEP.set(True)
+            try:
+                yield vt
+            finally:
+                _IN_STEP.reset(token)
 
 
 def temp(name: str, shape, dtype: str = ACC):
@@ -189,7 +210,8 @@ def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
         b_major, b_dtype, b_panel = _operand(b(k, n), k, n)
         found.append(GemmBlock(name, *(_bind_steps(e) for e in (rows, N, K)),
                                "mk" if a_major else "km", a_dtype,
-                               "kp" if b_panel else "kn" if b_major else "nk", b_dtype))
+                               "kp" if b_panel else "kn" if b_major else "nk", b_dtype,
+                               _IN_STEP.get()))
 
 
 def _bind_steps(extent):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, panels, reduction,
-                       spatial, temp, zero)
+                       spatial, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -54,26 +54,24 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             T.buffer_store(dcs, zero(), [n, k])
 
         spatial("state_init", (B, H), init_state)
-        with T.serial(0, L) as s:
-            with T.sblock("step"):
-                vt = T.axis.opaque(Tn, L - 1 - s, dtype="int64")
+        with time_loop(L, Tn, reverse=True) as vt:
 
-                def cell_grad(n, k):
-                    acts = (f32(buf[a][vt, n, k]) for a in ("i", "cs", "f", "o", "ci", "co"))
-                    grads = cell_backward(
-                        peep, *acts, cs_prev(vt, n, k),
-                        f32(buf["cs_grad"][vt, n, k]) + dcs[n, k],
-                        f32(buf["h_grad"][vt, n, k]) + dh[n, k],
-                        f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
-                    for gate, value in zip("icfo", grads[:4]):
-                        T.buffer_store(dicfo, value, [vt * B + n, off[gate] + k])
-                    T.buffer_store(dcs_next, grads[4], [n, k])
+            def cell_grad(n, k):
+                acts = (f32(buf[a][vt, n, k]) for a in ("i", "cs", "f", "o", "ci", "co"))
+                grads = cell_backward(
+                    peep, *acts, cs_prev(vt, n, k),
+                    f32(buf["cs_grad"][vt, n, k]) + dcs[n, k],
+                    f32(buf["h_grad"][vt, n, k]) + dh[n, k],
+                    f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
+                for gate, value in zip("icfo", grads[:4]):
+                    T.buffer_store(dicfo, value, [vt * B + n, off[gate] + k])
+                T.buffer_store(dcs_next, grads[4], [n, k])
 
-                spatial("cell_grad", (B, H), cell_grad, group="cell_grad")
-                spatial("dcs_update", (B, H),
-                        lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
-                        group="cell_grad")
-                gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
+            spatial("cell_grad", (B, H), cell_grad, group="cell_grad")
+            spatial("dcs_update", (B, H),
+                    lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
+                    group="cell_grad")
+            gemm("dh", dh, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
         _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
 
         def state_out(n, k):

@@ -12,7 +12,9 @@ Every kernel is made of named blocks of three shapes, and one rule handles each:
 - *elementwise* blocks: fused, parallel outside, vectorised inside where the extent allows.
   Consecutive blocks of one fusion group (``spatial(..., group=)``) share one parallel loop.
 
-Blocks inside a time loop (``step``) are scheduled the same way; the time loop stays serial.
+Blocks inside a time loop (``step``) are scheduled the same way, except that their GEMMs never
+cut the reduction into slabs (each slab is a parallel region, launched every step); the time
+loop stays serial.
 A rule that cannot apply leaves the block as it is (still correct, only slower).
 """
 
@@ -24,8 +26,8 @@ import logging
 from tvm.s_tir.schedule import Trace
 from tvm.sym import Analyzer
 
-from .._tvm import Schedule, tirx
-from ..kernels._builder import FUSE_GROUP, ROW_TILE, tensor_loads, uses_var
+from .._tvm import SBlock, Schedule, tirx
+from ..kernels._builder import FUSE_GROUP, ROW_TILE, STEP_BLOCK, tensor_loads, uses_var
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +63,23 @@ class GemmTile:
         return dataclasses.asdict(self)
 
 
-def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True) -> GemmTile | None:
+def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
+                 per_step: bool = False) -> GemmTile | None:
     """The untuned tile of a GEMM block with these extents (None: no tiling applies).
 
     ``a_rows_contiguous``: the left operand is stored ``(M, K)`` (else ``(K, M)``, as in the
     weight gradients). Among fixed rules measured on the GEMMs of the benchmark shapes
     (float32), cutting the reduction into slabs of 256 steps for ``(M, K)`` operands and of 64
     for ``(K, M)`` ones (where the reduction runs over all rows) came within 20% of each GEMM's
-    best tile (geometric mean); without slabs, 76%.
+    best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop):
+    no slabs, whose initialisation and every slab are a thread-pool launch per step (BlockLSTM
+    at 64x32x256x256: 9.3 ms with two slabs of 128 in the recurrent product, 8.4 ms without).
     """
     rows, cols = _row_tile(m_extent), _column_chunk(n_extent)
     if rows <= 1 or cols is None:
         return None
-    slab = next((b for b in ((256,) if a_rows_contiguous else (64,))
-                 if _divides(b, k_extent) and not _divides(k_extent, b)), 0)
+    slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
+                                    if _divides(b, k_extent) and not _divides(k_extent, b)), 0)
     return GemmTile(rows, cols, K_UNROLL if _divides(K_UNROLL, k_extent) else 1, slab)
 
 
@@ -156,11 +161,23 @@ def _schedule_block(sch: Schedule, block) -> None:
     tile = None
     if len(spatial) == 2 and len(reduce_) == 1:
         tile = default_tile(*extents, sch.get(reduce_[0]).extent,
-                            _rows_contiguous(stmt, *(iv.var for iv in stmt.iter_vars)))
+                            _rows_contiguous(stmt, *(iv.var for iv in stmt.iter_vars)),
+                            _in_time_loop(sch, block))
     if tile is not None:
         _gemm(sch, block, spatial, reduce_[0], tile)
     else:
         _generic(sch, block, spatial, reduce_, extents, stmt.init is not None)
+
+
+def _in_time_loop(sch: Schedule, block) -> bool:
+    """Whether ``block`` lies inside a time loop's step block (:data:`STEP_BLOCK`)."""
+    sref = sch.get_sref(block).parent
+    while sref is not None:
+        stmt = sref.stmt
+        if isinstance(stmt, SBlock) and stmt.name_hint == STEP_BLOCK:
+            return True
+        sref = sref.parent
+    return False
 
 
 def _rows_contiguous(stmt, m, n, k) -> bool:

@@ -31,7 +31,10 @@ def choices(task: Task) -> dict[str, list[int]]:
     # measured in the kernels (with the guarded weight-gradient operands they had then), up
     # to 30% slower; one value keeps the space small enough for 16 trials to cover.
     k_unroll = [next(u for u in (4, 2, 1) if task.k_multiple % u == 0)]
-    k_block = [b for b in (64, 128, 256) if task.k_multiple % b == 0 and b < task.K]
+    # Per-step GEMMs never cut the reduction: each slab (and the initialisation before them)
+    # is a parallel region of its own, launched every step (see schedule.rules.default_tile).
+    k_block = [] if task.per_step else [b for b in (64, 128, 256)
+                                        if task.k_multiple % b == 0 and b < task.K]
     return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}
 
 

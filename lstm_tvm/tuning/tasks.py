@@ -49,7 +49,8 @@ class Task:
     """One GEMM block at static sizes, plus what its sizes are known to be divisible by in the
     kernel (``m_multiple``/``k_multiple``: the extent itself when it is static, else the row
     padding guaranteed by the kernel; ``n_multiple``: 0 when ``N`` is static, else the column
-    padding), which bounds the tiles a search may pick."""
+    padding), which bounds the tiles a search may pick; ``per_step``: the block runs once per
+    time step of its kernel (see :func:`lstm_tvm.tuning.space.choices`)."""
 
     name: str
     M: int
@@ -60,11 +61,14 @@ class Task:
     m_multiple: int
     k_multiple: int
     n_multiple: int = 0
+    per_step: bool = False
 
     @property
     def key(self) -> str:
-        """A readable identity, e.g. ``w_grad_x 512x2048x6400 a=km:float32 b=kn:float32``."""
-        return f"{self.name} {self.M}x{self.N}x{self.K} a={self.a} b={self.b}"
+        """A readable identity, e.g. ``w_grad_x 512x2048x6400 a=km:float32 b=kn:float32`` (with
+        `` per step`` for a :attr:`per_step` block)."""
+        key = f"{self.name} {self.M}x{self.N}x{self.K} a={self.a} b={self.b}"
+        return key + " per step" if self.per_step else key
 
     @property
     def flops(self) -> int:
@@ -74,7 +78,7 @@ class Task:
         """Whether this task was cut from a kernel block like ``block`` (symbolic sizes)."""
         n_ok = (self.N == int(block.N) and self.n_multiple == 0 if _is_static(block.N)
                 else self.n_multiple == _multiple(block.N))
-        return (self.name == block.name and n_ok
+        return (self.name == block.name and n_ok and self.per_step == block.per_step
                 and self.a == f"{block.a_layout}:{block.a_dtype}"
                 and self.b == f"{block.b_layout}:{block.b_dtype}"
                 and self.m_multiple == _multiple(block.M) and self.k_multiple == _multiple(block.K)
@@ -128,7 +132,7 @@ def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
         tasks.append(Task(blk.name, int(blk.M), int(blk.N), int(blk.K),
                           f"{blk.a_layout}:{blk.a_dtype}", f"{blk.b_layout}:{blk.b_dtype}",
                           _multiple(sym.M), _multiple(sym.K),
-                          0 if _is_static(sym.N) else _multiple(sym.N)))
+                          0 if _is_static(sym.N) else _multiple(sym.N), blk.per_step))
     return tasks
 
 
