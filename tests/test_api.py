@@ -224,6 +224,21 @@ def test_cell_grad_matmul_matches_reference(dtype):
         lstm_tvm.cell_grad_matmul(args[0], args[1], args[2][1:], args[3])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cell_grad_matmul_kernel_zeroes_every_output_for_an_empty_batch(dtype):
+    """Called directly (as from an exported library) with B = 0, whatever the output
+    tensors held before."""
+    I, H = 5, 4
+    spec = build.make_spec(build.CELL_GRAD_MATMUL, dtype, I, H, {})
+    func = build.get_module(spec)[spec.func_name]
+    args = [tvm.runtime.tensor(np.zeros(s, dtype)) for s in ((0, I), (0, H), (I + H, 4 * H),
+                                                               (0, 4 * H))]
+    outs = [tvm.runtime.tensor(np.ones(s, dtype)) for s in ((0, I), (0, H), (I + H, 4 * H),
+                                                            (4 * H,))]
+    func(*args, *outs)
+    assert all(not o.numpy().any() for o in outs)
+
+
 _CHILD = textwrap.dedent("""
     import logging, sys
     logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
