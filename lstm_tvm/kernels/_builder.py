@@ -135,14 +135,13 @@ def time_loop(steps, extent, reverse: bool = False):
     :data:`STEP_BLOCK` per step; yields the step's time index (``0 .. steps-1``, or from
     ``steps-1`` down with ``reverse``), an opaque block iterator over ``extent``. Blocks
     emitted inside run once per step (GEMMs there are marked ``per_step``)."""
-    with T.serial(0, steps) as s:
-        with T.sblock(STEP_BLOCK):
-            vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
-            token = _IN_STEP.set(True)
-            try:
-                yield vt
-            finally:
-                _IN_STEP.reset(token)
+    with T.serial(0, steps) as s, T.sblock(STEP_BLOCK):
+        vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
+        token = _IN_STEP.set(True)
+        try:
+            yield vt
+        finally:
+            _IN_STEP.reset(token)
 
 
 def temp(name: str, shape, dtype: str = ACC):

@@ -36,6 +36,8 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
     ``xh_grad`` is computed transposed, ``xh_grad^T = w @ dicfo^T`` (block ``xh_grad_t``), so
     the large operand ``w`` is read as stored, along its rows, and only the small ``dicfo``
     is transposed (block ``dicfo_t``, batch columns padded to :data:`BATCH_COLUMNS`).
+    ``w_grad`` is one GEMM into a float32 scratch for float16 (block ``w_grad``), rounded
+    into the output; float32 accumulates in the output (:func:`_w_grad_in_place`).
     """
     I, H = input_size, cell_size
     G = 4 * H
@@ -87,7 +89,8 @@ def _w_grad_in_place(buf, B, I, H):
     one GEMM selecting between ``x`` and ``h_prev`` made LLVM store the accumulators to the
     output at every reduction step (5 times slower)."""
     G, dicfo = 4 * H, buf["dicfo"]
-    for name, rows, first, src in (("w_grad_x", I, 0, buf["x"]), ("w_grad_h", H, I, buf["h_prev"])):
+    for name, rows, first, src in (("w_grad_x", I, 0, buf["x"]),
+                                   ("w_grad_h", H, I, buf["h_prev"])):
         view = flat(buf["w_grad"], first + rows, name=f"{name}_rows")
         gemm(name, view, rows, G, B, lambda k, n, src=src: f32(src[n, k]),
              lambda n, j: f32(dicfo[n, j]), pad=False, row0=first)
