@@ -18,7 +18,8 @@ from ._gates import ACC
 
 __all__ = ["FUSE_GROUP", "K_SLAB", "PANEL", "ROW_TILE", "STEP_BLOCK", "GemmBlock", "T",
            "capture_gemms", "fixed_sizes", "flat", "gemm", "kernel", "padded", "panels",
-           "reduction", "spatial", "temp", "tensor_loads", "time_loop", "uses_var", "zero"]
+           "reduction", "row_chunks", "spatial", "temp", "tensor_loads", "time_loop", "uses_var",
+           "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -142,6 +143,19 @@ def time_loop(steps, extent, reverse: bool = False):
             yield vt
         finally:
             _IN_STEP.reset(token)
+
+
+@contextlib.contextmanager
+def row_chunks(name: str, rows, size: int):
+    """A serial loop over ``rows`` rows in chunks of ``size``, one opaque block ``name`` per
+    chunk; yields the chunk's first row and its row count (``size``, fewer in a last partial
+    chunk). For work whose scratch should hold a chunk, not all rows."""
+    chunks = (rows + size - 1) // size
+    if isinstance(chunks, int):
+        chunks = tirx.IntImm("int64", chunks)
+    with T.serial(0, chunks) as c, T.sblock(name):
+        first = T.axis.opaque(chunks, c, dtype="int64") * size
+        yield first, tirx.min(size, rows - first)
 
 
 def temp(name: str, shape, dtype: str = ACC):

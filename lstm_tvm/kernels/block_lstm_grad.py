@@ -20,7 +20,7 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, panels, reduction,
-                       spatial, temp, time_loop, zero)
+                       row_chunks, spatial, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -192,13 +192,10 @@ def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
     M, G = L * B, 4 * H
     x_grad = flat(buf["x_grad"], Tn * B)
     xg = temp("xg", (X_GRAD_CHUNK, I))
-    chunks = (M + X_GRAD_CHUNK - 1) // X_GRAD_CHUNK
-    with T.serial(0, chunks) as c:
-        with T.sblock("x_grad_chunk"):
-            first = T.axis.opaque(chunks, c, dtype="int64") * X_GRAD_CHUNK
-            gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
-                 lambda r, j: dicfo[first + r, j], w_tx, pad=False)
-            spatial("x_grad_out", (tirx.min(X_GRAD_CHUNK, M - first), I), lambda r, k:
-                    T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
+    with row_chunks("x_grad_chunk", M, X_GRAD_CHUNK) as (first, count):
+        gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
+             lambda r, j: dicfo[first + r, j], w_tx, pad=False)
+        spatial("x_grad_out", (count, I), lambda r, k:
+                T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
     spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(
         x_grad, zero(dtype), [M + r, k]))

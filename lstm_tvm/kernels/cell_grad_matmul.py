@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, TensorSpec
-from ._builder import T, flat, gemm, kernel, padded, reduction, spatial, temp, zero
+from ._builder import (T, flat, gemm, kernel, padded, reduction, row_chunks, spatial, temp,
+                       zero)
 from ._gates import ACC, f32, store
 
 #: The helper described like a registry op (it is not a TF op, so it is not in ``OPS``).
@@ -73,39 +74,39 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
     return builder.get()
 
 
+def _w_grad_parts(buf, I, H):
+    """``w_grad``'s two row ranges, each a GEMM of its own: ``(block, rows, first row,
+    source)``, rows ``:I`` from ``x`` and ``I:`` from ``h_prev``. One GEMM selecting between
+    ``x`` and ``h_prev`` made LLVM store the accumulators at every reduction step (5 times
+    slower)."""
+    return (("w_grad_x", I, 0, buf["x"]), ("w_grad_h", H, I, buf["h_prev"]))
+
+
 def _w_grad_in_place(buf, B, I, H):
-    """Float32 ``w_grad`` accumulated in the output by two GEMMs, rows ``:I`` from ``x``
-    (block ``w_grad_x``) and rows ``I:`` from ``h_prev`` (block ``w_grad_h``), each writing a
-    view of its own. A scratch and a copy of it cost more than the GEMM at 64x512x512, and
-    one GEMM selecting between ``x`` and ``h_prev`` made LLVM store the accumulators to the
-    output at every reduction step (5 times slower)."""
+    """Float32 ``w_grad`` accumulated in the output by the GEMMs of :func:`_w_grad_parts`,
+    each writing a view of its own (a scratch and a copy of it cost more than the GEMM at
+    64x512x512)."""
     G, dicfo = 4 * H, buf["dicfo"]
-    for name, rows, first, src in (("w_grad_x", I, 0, buf["x"]),
-                                   ("w_grad_h", H, I, buf["h_prev"])):
+    for name, rows, first, src in _w_grad_parts(buf, I, H):
         view = flat(buf["w_grad"], first + rows, name=f"{name}_rows")
         gemm(name, view, rows, G, B, lambda k, n, src=src: f32(src[n, k]),
              lambda n, j: f32(dicfo[n, j]), pad=False, row0=first)
 
 
 def _w_grad_by_chunks(buf, dtype, B, I, H):
-    """Float16 ``w_grad``: rows ``:I`` from ``x`` (GEMM ``w_grad_x`` in block
-    ``w_grad_x_chunk``), rows ``I:`` from ``h_prev`` (``w_grad_h`` in ``w_grad_h_chunk``),
-    :data:`W_GRAD_CHUNK` rows at a time into a float32 scratch that stays in cache, each chunk
-    then rounded into the output. A scratch of all ``I+H`` rows copied out at the end cost more
-    than the GEMM (cell backward at 64x512x512: 6.2 ms), and so did one GEMM selecting
-    between ``x`` and ``h_prev`` (LLVM then stores the accumulators at every reduction step).
-    A last partial chunk reads clamped rows and drops their results."""
+    """Float16 ``w_grad``: each GEMM of :func:`_w_grad_parts` (in blocks ``w_grad_x_chunk``,
+    ``w_grad_h_chunk``) :data:`W_GRAD_CHUNK` rows at a time into a float32 scratch that stays
+    in cache, each chunk then rounded into the output (a scratch of all ``I+H`` rows copied
+    out at the end cost more than the GEMM: cell backward at 64x512x512, 6.2 ms). A last
+    partial chunk reads clamped rows and drops their results."""
     G = 4 * H
-    for name, rows, first_row, src in (("w_grad_x", I, 0, buf["x"]),
-                                       ("w_grad_h", H, I, buf["h_prev"])):
+    for name, rows, first_row, src in _w_grad_parts(buf, I, H):
         wg = temp(f"{name}_scratch", (W_GRAD_CHUNK, G))
-        chunks = (rows + W_GRAD_CHUNK - 1) // W_GRAD_CHUNK
-        with T.serial(0, chunks) as c, T.sblock(f"{name}_chunk"):
-            first = T.axis.opaque(chunks, c) * W_GRAD_CHUNK
+        with row_chunks(f"{name}_chunk", rows, W_GRAD_CHUNK) as (first, count):
             gemm(name, wg, W_GRAD_CHUNK, G, B,
                  lambda r, n, src=src, rows=rows, first=first: f32(
                      src[n, tirx.min(first + r, rows - 1)]),
                  lambda n, j: f32(buf["dicfo"][n, j]), pad=False)
-            spatial(f"{name}_out", (tirx.min(W_GRAD_CHUNK, rows - first), G),
+            spatial(f"{name}_out", (count, G),
                     lambda r, j, wg=wg, first=first, first_row=first_row: T.buffer_store(
                         buf["w_grad"], store(wg[r, j], dtype), [first_row + first + r, j]))
