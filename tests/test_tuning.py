@@ -143,18 +143,20 @@ def test_space_choices_divide_what_the_kernels_guarantee():
 
 
 def test_per_step_gemms_are_tuned_without_reduction_slabs():
-    """The GEMMs inside the time loops run every step: their space never cuts the reduction,
-    and records of the same GEMM outside a time loop do not apply to them."""
-    for op_name, recurrent in (("BlockLSTM", "gates"), ("BlockLSTMGrad", "dh")):
+    """The GEMMs inside the time loops run every step, and the weight gradient's GEMM runs
+    once per chunk of rows it reduces over: their space never cuts the reduction, and records
+    of the same GEMM outside such a loop do not apply to them."""
+    for op_name, in_loops in (("BlockLSTM", {"gates"}), ("BlockLSTMGrad", {"dh", "w_grad"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
         blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs)
-        assert {b.name for b in blocks if b.per_step} == {recurrent}
-        task = next(t for t in task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, 64)
-                    if t.name == recurrent)
-        assert task.per_step and task.K >= 512 and space.choices(task)["k_block"] == []
-        block = next(b for b in blocks if b.name == recurrent)
-        assert task.matches(block)
-        assert not dataclasses.replace(task, per_step=False).matches(block)
+        assert {b.name for b in blocks if b.per_step} == in_loops
+        for name in in_loops:
+            task = next(t for t in task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, 64)
+                        if t.name == name)
+            assert task.per_step and task.K >= 128 and space.choices(task)["k_block"] == []
+            block = next(b for b in blocks if b.name == name)
+            assert task.matches(block)
+            assert not dataclasses.replace(task, per_step=False).matches(block)
 
 
 def test_target_keys_name_the_machine():

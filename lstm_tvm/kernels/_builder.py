@@ -16,10 +16,10 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["FUSE_GROUP", "K_SLAB", "PANEL", "ROW_TILE", "STEP_BLOCK", "GemmBlock", "T",
-           "capture_gemms", "fixed_sizes", "flat", "gemm", "kernel", "padded", "panels",
-           "reduction", "row_chunks", "spatial", "temp", "tensor_loads", "time_loop", "uses_var",
-           "zero"]
+__all__ = ["FUSE_GROUP", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE", "STEP_BLOCK", "GemmBlock",
+           "T", "capture_gemms", "fixed_sizes", "flat", "gemm", "kernel", "padded",
+           "panel_scratch", "panels", "reduction", "row_chunks", "spatial", "temp",
+           "tensor_loads", "time_loop", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -35,6 +35,9 @@ FUSE_GROUP = "lstm_tvm.fuse_group"
 K_SLAB = 256
 #: Name of the block that holds one step of a sequence kernel's time loop (:func:`time_loop`).
 STEP_BLOCK = "step"
+#: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
+#: :class:`GemmBlock`): a time step, or a chunk of :func:`row_chunks` with ``per_step``.
+LOOP_BODY = "lstm_tvm.loop_body"
 
 _FIXED_SIZES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fixed_sizes",
                                                                             default=None)
@@ -62,7 +65,9 @@ class GemmBlock:
     ``seq_len_max`` bound to ``T`` under :func:`fixed_sizes`), and each operand's layout
     (``"mk"``/``"km"`` for ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the
     contiguous axis; ``"kp"`` for a ``b`` stored as :func:`panels`) and storage dtype;
-    ``per_step``: the block runs once per step of a :func:`time_loop`."""
+    ``per_step``: the block runs once per iteration of a serial loop, a step of a
+    :func:`time_loop` or a chunk of :func:`row_chunks` (``per_step``): cutting its reduction
+    into slabs would add a parallel region per iteration and re-read its output."""
 
     name: str
     M: object
@@ -138,24 +143,38 @@ def time_loop(steps, extent, reverse: bool = False):
     emitted inside run once per step (GEMMs there are marked ``per_step``)."""
     with T.serial(0, steps) as s, T.sblock(STEP_BLOCK):
         vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
-        token = _IN_STEP.set(True)
-        try:
+        with _loop_body(True):
             yield vt
-        finally:
-            _IN_STEP.reset(token)
 
 
 @contextlib.contextmanager
-def row_chunks(name: str, rows, size: int):
+def row_chunks(name: str, rows, size: int, per_step: bool = False):
     """A serial loop over ``rows`` rows in chunks of ``size``, one opaque block ``name`` per
     chunk; yields the chunk's first row and its row count (``size``, fewer in a last partial
-    chunk). For work whose scratch should hold a chunk, not all rows."""
+    chunk). For work whose scratch should hold a chunk, not all rows. With ``per_step`` the
+    GEMMs inside reduce over the chunk's rows (the chunks are their reduction's slabs): they
+    are marked ``per_step`` like those of a :func:`time_loop`, and not cut further."""
     chunks = (rows + size - 1) // size
     if isinstance(chunks, int):
         chunks = tirx.IntImm("int64", chunks)
     with T.serial(0, chunks) as c, T.sblock(name):
         first = T.axis.opaque(chunks, c, dtype="int64") * size
-        yield first, tirx.min(size, rows - first)
+        with _loop_body(per_step):
+            yield first, tirx.min(size, rows - first)
+
+
+@contextlib.contextmanager
+def _loop_body(per_step: bool):
+    """Mark the open block as a loop body whose GEMMs run once per iteration (``per_step``)."""
+    if not per_step:
+        yield
+        return
+    T.sblock_attr({LOOP_BODY: True})
+    token = _IN_STEP.set(True)
+    try:
+        yield
+    finally:
+        _IN_STEP.reset(token)
 
 
 def temp(name: str, shape, dtype: str = ACC):
@@ -182,22 +201,32 @@ def flat(buffer, rows, first=0, name: str | None = None):
     return view
 
 
-def panels(name: str, rows: int, cols: int, value: Callable):
+def panels(name: str, rows: int, cols: int, value: Callable, scratch=None):
     """Float32 scratch holding ``value(r, c)`` for ``r < rows, c < cols`` (block ``name``), and
     its accessor ``(r, c) -> load``, for a GEMM's right operand (``r`` the reduction index).
 
     Where :data:`PANEL` divides ``cols`` the matrix is stored as ``cols / PANEL`` panels of
     ``(rows, PANEL)``, each contiguous: a ``PANEL``-wide register tile then streams one
     contiguous panel along the reduction instead of a strided column block (up to 30% faster
-    for the recurrent products). Otherwise it is stored ``(rows, cols)``.
+    for the recurrent products). Otherwise it is stored ``(rows, cols)``. ``scratch`` (from
+    :func:`panel_scratch`) is filled instead of a new buffer: one allocated outside a loop
+    whose every iteration refills it.
     """
-    if cols % PANEL:
-        shape, at = (rows, cols), lambda r, c: (r, c)
-    else:
-        shape, at = (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
-    buf = temp(name, shape)
+    shape, at = _panel_layout(rows, cols)
+    buf = temp(name, shape) if scratch is None else scratch
     spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c), list(at(r, c))))
     return lambda r, c: buf[at(r, c)]
+
+
+def panel_scratch(name: str, rows: int, cols: int):
+    """A float32 scratch for ``panels(..., scratch=)`` of that many rows and columns."""
+    return temp(name, _panel_layout(rows, cols)[0])
+
+
+def _panel_layout(rows: int, cols: int):
+    if cols % PANEL:
+        return (rows, cols), lambda r, c: (r, c)
+    return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
 
 
 def padded(rows, multiple: int = ROW_TILE):

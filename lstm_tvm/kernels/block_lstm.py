@@ -39,8 +39,9 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         acts = activation_scratch(B, H)
         w = panels("w_panels", I + H, G, lambda k, j: f32(buf["w"][k, j]))
         if dtype == ACC:
-            # The padded rows read the last row again (a clamped index, no guard: see
-            # _w_grad in block_lstm_grad); their results are never used.
+            # The padded rows read the last row again (a clamped index: a guarded load in
+            # a GEMM operand keeps LLVM from holding the accumulators in registers); their
+            # results are never used.
             def row(m, k):
                 return x[tirx.min(m, L * B - 1), k]
         else:

@@ -27,7 +27,7 @@ from tvm.s_tir.schedule import Trace
 from tvm.sym import Analyzer
 
 from .._tvm import SBlock, Schedule, tirx
-from ..kernels._builder import FUSE_GROUP, ROW_TILE, STEP_BLOCK, tensor_loads, uses_var
+from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ROW_TILE, tensor_loads, uses_var
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,8 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     weight gradients). Among fixed rules measured on the GEMMs of the benchmark shapes
     (float32), cutting the reduction into slabs of 256 steps for ``(M, K)`` operands and of 64
     for ``(K, M)`` ones (where the reduction runs over all rows) came within 20% of each GEMM's
-    best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop):
-    no slabs, whose initialisation and every slab are a thread-pool launch per step (BlockLSTM
+    best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop,
+    or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are a thread-pool launch per step (BlockLSTM
     at 64x32x256x256: 9.3 ms with two slabs of 128 in the recurrent product, 8.4 ms without).
     """
     rows, cols = _row_tile(m_extent), _column_chunk(n_extent)
@@ -162,19 +162,20 @@ def _schedule_block(sch: Schedule, block) -> None:
     if len(spatial) == 2 and len(reduce_) == 1:
         tile = default_tile(*extents, sch.get(reduce_[0]).extent,
                             _rows_contiguous(stmt, *(iv.var for iv in stmt.iter_vars)),
-                            _in_time_loop(sch, block))
+                            _in_loop_body(sch, block))
     if tile is not None:
         _gemm(sch, block, spatial, reduce_[0], tile)
     else:
         _generic(sch, block, spatial, reduce_, extents, stmt.init is not None)
 
 
-def _in_time_loop(sch: Schedule, block) -> bool:
-    """Whether ``block`` lies inside a time loop's step block (:data:`STEP_BLOCK`)."""
+def _in_loop_body(sch: Schedule, block) -> bool:
+    """Whether ``block`` lies inside a serial loop body marked :data:`LOOP_BODY` (a time step,
+    a chunk of rows its GEMMs reduce over)."""
     sref = sch.get_sref(block).parent
     while sref is not None:
         stmt = sref.stmt
-        if isinstance(stmt, SBlock) and stmt.name_hint == STEP_BLOCK:
+        if isinstance(stmt, SBlock) and LOOP_BODY in stmt.annotations:
             return True
         sref = sref.parent
     return False
