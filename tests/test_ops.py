@@ -11,6 +11,7 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import reference, registry, testing
+from lstm_tvm.kernels.block_lstm_grad import w_grad_chunk
 
 # (B, I, H, T): B = 1, odd sizes, T = 1, and one shape wide enough for the vectorised paths.
 SHAPES = [(1, 3, 5, 1), (4, 7, 9, 5), (3, 16, 16, 4)]
@@ -63,22 +64,24 @@ def test_sequence_ops(tf, op_name, shape, dtype, use_peephole):
         _assert_padding_zero(op_name, got, seq_len_max)
 
 
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op_name", [n for n, op in registry.OPS.items()
                                      if op.kind == "sequence" and op.direction == "backward"])
 def test_weight_gradient_over_several_chunks_of_rows(tf, op_name, dtype):
-    """The sequence backward's w_grad reduces 128 rows of the sequence (t*B + n) at a time:
-    T*B = 288 rows are two whole chunks and a partial one, seq_len_max = 6 one whole and one
-    partial (144 rows), 5 a single partial chunk (120); with B = 24 the rows of the initial
-    state (h_prev for t = 0) lie in the first chunk only."""
-    B, I, H, T = 24, 16, 8, 12
+    """The sequence backward's w_grad reduces a chunk of rows of the sequence (t*B + n) at a
+    time: seq_len_max = T makes two whole chunks and a partial one, 11 one whole and a partial
+    one, 10 a single partial chunk; with B = 24 the rows of the initial state (h_prev for
+    t = 0) lie in the first chunk only."""
+    B, I, H, T = 24, 16, 8, 24
+    chunk = w_grad_chunk(I, H)
+    assert [divmod(n * B, chunk) for n in (T, 11, 10)] == [(2, 64), (1, 8), (0, 240)]
     attrs = {"use_peephole": True}
-    for seq_len_max in (T, 6, 5):
+    for seq_len_max in (T, 11, 10):
         inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T,
                                      seq_len_max=seq_len_max, attrs=attrs, seed=seq_len_max)
         _check(op_name, inputs, attrs, dtype, T=T,
                tf_outputs=testing.tf_run(op_name, inputs, attrs))
+
 
 def _assert_padding_zero(op_name, got, seq_len_max):
     """lstm_tvm zero-fills every time-major output at t >= seq_len_max (TF leaves some undefined)."""

@@ -26,10 +26,19 @@ from .block_cell import peephole_grads
 #: Rows of ``x_grad`` a float16 sequence backward computes at a time (at most ``K_SLAB``:
 #: the last chunk reads that far past the last row of ``dicfo``).
 X_GRAD_CHUNK = K_SLAB
-#: Rows of the sequence the weight gradient reduces per chunk (at most ``K_SLAB``: the last
-#: chunk reads that far into ``dicfo``'s zero rows). Its packed operands, ``W_GRAD_CHUNK``
-#: rows of ``I+H`` and of ``4H`` float32 values, stay in the L2 cache.
-W_GRAD_CHUNK = 128
+#: Bytes of the weight gradient's packed operands per chunk of rows (see :func:`w_grad_chunk`):
+#: they should stay in the L2 cache (2 MiB per core on the machine measured, 1 MiB on others).
+W_GRAD_PACKED_BYTES = 3 << 19
+
+
+def w_grad_chunk(input_size: int, cell_size: int) -> int:
+    """Rows of the sequence the weight gradient reduces per chunk: the most, among 256, 128
+    and 64 (at most ``K_SLAB``: the last chunk reads that far into ``dicfo``'s zero rows),
+    whose packed float32 operands (a row of ``I+H`` and one of ``4H`` values each) fit
+    :data:`W_GRAD_PACKED_BYTES`. Measured at 64x32x256x256: 256 rows 17.0-18.0 ms, 128 rows
+    18.3-18.6; at 100x64x512x512 (3 MiB for 256 rows): 256 rows 219-222 ms, 128 rows 202-203."""
+    row_bytes = 4 * (input_size + 5 * cell_size)
+    return next((rows for rows in (256, 128) if rows * row_bytes <= W_GRAD_PACKED_BYTES), 64)
 
 
 def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
@@ -127,7 +136,7 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
 
 
 def _w_grad(buf, sizes, dicfo, in_place: bool):
-    """``w_grad = [x_t, h_{t-1}]^T @ dicfo``, :data:`W_GRAD_CHUNK` rows of the sequence at a
+    """``w_grad = [x_t, h_{t-1}]^T @ dicfo``, :func:`w_grad_chunk` rows of the sequence at a
     time (block ``w_grad_chunk``). Each chunk packs its rows of ``x`` and ``h_{t-1}`` side by
     side into ``w_grad_a`` (blocks ``w_grad_pack_x``, ``w_grad_pack_h``; float32, zero past
     the last row) and its rows of ``dicfo`` into column panels (``w_grad_d``), then one GEMM
@@ -146,20 +155,21 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     M, G = L * B, 4 * H
     x, h = (flat(buf[n], Tn * B) for n in ("x", "h"))
     acc = flat(buf["w_grad"], I + H, name="w_grad_rows") if in_place else temp("wg", (I + H, G))
-    a = temp("w_grad_a", (W_GRAD_CHUNK, I + H))
-    d_scratch = panel_scratch("w_grad_d", W_GRAD_CHUNK, G)
-    with row_chunks("w_grad_chunk", M, W_GRAD_CHUNK, per_step=True) as (first, _):
+    chunk = w_grad_chunk(I, H)
+    a = temp("w_grad_a", (chunk, I + H))
+    d_scratch = panel_scratch("w_grad_d", chunk, G)
+    with row_chunks("w_grad_chunk", M, chunk, per_step=True) as (first, _):
         def rows(value):
             return lambda r, k: tirx.if_then_else(first + r < M, value(first + r, k), zero())
 
         h_before = rows(lambda r, k: tirx.if_then_else(
             r < B, f32(buf["h_prev"][r, k]), f32(h[r - B, k])))
-        spatial("w_grad_pack_x", (W_GRAD_CHUNK, I), lambda r, k: T.buffer_store(
+        spatial("w_grad_pack_x", (chunk, I), lambda r, k: T.buffer_store(
             a, rows(lambda r, k: f32(x[r, k]))(r, k), [r, k]))
-        spatial("w_grad_pack_h", (W_GRAD_CHUNK, H), lambda r, k: T.buffer_store(
+        spatial("w_grad_pack_h", (chunk, H), lambda r, k: T.buffer_store(
             a, h_before(r, k), [r, I + k]))
-        d = panels("w_grad_d", W_GRAD_CHUNK, G, lambda r, j: dicfo[first + r, j], d_scratch)
-        gemm("w_grad", acc, I + H, G, W_GRAD_CHUNK, lambda k, r: a[r, k], d, pad=False,
+        d = panels("w_grad_d", chunk, G, lambda r, j: dicfo[first + r, j], d_scratch)
+        gemm("w_grad", acc, I + H, G, chunk, lambda k, r: a[r, k], d, pad=False,
              init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()))
     return acc
 
