@@ -235,15 +235,21 @@ def padded(rows, multiple: int = ROW_TILE):
 
 
 def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
-         init: Callable | None = None, pad: bool = True, row0=0) -> None:
+         init: Callable | None = None, pad: bool = True, row0=0,
+         out_panels: bool = False) -> None:
     """``out[row0 + m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N, k < K``.
 
     ``K`` may be symbolic. With ``pad`` (for a symbolic ``M``) the rows
     ``M <= m < padded(M)`` are computed too: ``a`` must be readable there (a scratch operand
     with spare rows) and ``out`` must have them; callers ignore their results.
+    ``out_panels``: ``out`` is stored as panels, ``(N / PANEL, M, PANEL)`` (see :func:`panels`),
+    for a symbolic ``N`` (a multiple of ``PANEL``): an output row stride that is not a
+    constant keeps LLVM from holding the accumulators in registers.
     """
     rows = padded(M) if pad else M
-    reduction(name, out, (rows, N), (K,), lambda m, n: (row0 + m, n),
+    index = ((lambda m, n: (n // PANEL, row0 + m, n % PANEL)) if out_panels
+             else (lambda m, n: (row0 + m, n)))
+    reduction(name, out, (rows, N), (K,), index,
               lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
     found = _GEMMS.get()
     if found is not None:

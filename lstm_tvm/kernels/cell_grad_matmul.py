@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, TensorSpec
-from ._builder import (T, flat, gemm, kernel, padded, reduction, row_chunks, spatial, temp,
-                       zero)
+from ._builder import (PANEL, T, flat, gemm, kernel, padded, reduction, row_chunks, spatial,
+                       temp, zero)
 from ._gates import ACC, f32, store
 
 #: The helper described like a registry op (it is not a TF op, so it is not in ``OPS``).
@@ -29,8 +29,9 @@ INPUTS, OUTPUTS = SPEC.input_names, SPEC.output_names
 #: Rows of float16 ``w_grad`` computed per chunk (see :func:`_w_grad_by_chunks`).
 W_GRAD_CHUNK = 64
 #: Columns of the transposed products are the batch rows, padded to this multiple so that
-#: the GEMM's vectorised column tiles need no bounds checks.
-BATCH_COLUMNS = 32
+#: the GEMM's vectorised column tiles need no bounds checks; its operand and result are stored
+#: as panels of that many columns (static row strides).
+BATCH_COLUMNS = PANEL
 
 
 def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
@@ -38,7 +39,8 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
 
     ``xh_grad`` is computed transposed, ``xh_grad^T = w @ dicfo^T`` (block ``xh_grad_t``), so
     the large operand ``w`` is read as stored, along its rows, and only the small ``dicfo``
-    is transposed (block ``dicfo_t``, batch columns padded to :data:`BATCH_COLUMNS`).
+    is transposed (block ``dicfo_t``, batch columns padded to :data:`BATCH_COLUMNS`, both
+    stored as panels of them).
     ``w_grad``: float32 accumulates in the output (:func:`_w_grad_in_place`), float16 goes
     through a float32 scratch a chunk of rows at a time (:func:`_w_grad_by_chunks`).
     """
@@ -48,12 +50,14 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
         B = size["B"]
         dicfo, w = buf["dicfo"], buf["w"]
         cols = padded(B, BATCH_COLUMNS)
-        d_t, xhg_t = temp("dicfo_t", (G, cols)), temp("xhg_t", (I + H, cols))
+        d_t = temp("dicfo_t", (cols // PANEL, G, PANEL))
+        xhg_t = temp("xhg_t", (cols // PANEL, I + H, PANEL))
         bg = temp("bg", (G,))
         spatial("dicfo_t", (G, cols), lambda j, n: T.buffer_store(
-            d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [j, n]))
+            d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()),
+            [n // PANEL, j, n % PANEL]))
         gemm("xh_grad_t", xhg_t, I + H, cols, G, lambda k, j: f32(w[k, j]),
-             lambda j, n: d_t[j, n], pad=False)
+             lambda j, n: d_t[n // PANEL, j, n % PANEL], pad=False, out_panels=True)
         if dtype == ACC:
             _w_grad_in_place(buf, B, I, H)
         else:
@@ -61,9 +65,9 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
         reduction("b_grad", bg, (G,), (B,), lambda j: (j,),
                   lambda s, r: f32(buf["dicfo"][r[0], s[0]]))
         spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(
-            buf["x_grad"], store(xhg_t[k, n], dtype), [n, k]))
+            buf["x_grad"], store(xhg_t[n // PANEL, k, n % PANEL], dtype), [n, k]))
         spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
-            buf["h_prev_grad"], store(xhg_t[I + k, n], dtype), [n, k]))
+            buf["h_prev_grad"], store(xhg_t[n // PANEL, I + k, n % PANEL], dtype), [n, k]))
         # A reduction over an empty batch never ran its init.
         with T.If(B == 0), T.Then():  # through a view: each w_grad writer keeps its buffer
             zeroed = flat(buf["w_grad"], I + H, name="w_grad_zeroed")
