@@ -43,7 +43,6 @@ def test_scheduled_kernel_has_parallel_and_vector_loops():
     assert "T.parallel(" in text and "T.vectorized(" in text
 
 
-
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("op_name", [*registry.OPS, build.CELL_GRAD_MATMUL])
 def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
@@ -65,6 +64,7 @@ def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
     for name, buffer in written:
         strides = list(buffer.shape[1:])
         assert all(isinstance(d, (int, tirx.IntImm)) for d in strides), (name, buffer.shape)
+
 
 @pytest.mark.parametrize("op_name,sizes", [("BlockLSTM", (64, 512)), ("BlockLSTMGrad", (64, 128))])
 def test_each_step_launches_two_parallel_regions(op_name, sizes):

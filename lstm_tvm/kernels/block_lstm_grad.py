@@ -28,7 +28,7 @@ from .block_cell import peephole_grads
 X_GRAD_CHUNK = K_SLAB
 #: Bytes of the weight gradient's packed operands per chunk of rows (see :func:`w_grad_chunk`):
 #: they should stay in the L2 cache (2 MiB per core on the machine measured, 1 MiB on others).
-W_GRAD_PACKED_BYTES = 3 << 19
+W_GRAD_PACKED_BYTES = 3 * 2**20 // 2
 
 
 def w_grad_chunk(input_size: int, cell_size: int) -> int:
@@ -162,10 +162,11 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         def rows(value):
             return lambda r, k: tirx.if_then_else(first + r < M, value(first + r, k), zero())
 
+        x_rows = rows(lambda r, k: f32(x[r, k]))
         h_before = rows(lambda r, k: tirx.if_then_else(
             r < B, f32(buf["h_prev"][r, k]), f32(h[r - B, k])))
         spatial("w_grad_pack_x", (chunk, I), lambda r, k: T.buffer_store(
-            a, rows(lambda r, k: f32(x[r, k]))(r, k), [r, k]))
+            a, x_rows(r, k), [r, k]))
         spatial("w_grad_pack_h", (chunk, H), lambda r, k: T.buffer_store(
             a, h_before(r, k), [r, I + k]))
         d = panels("w_grad_d", chunk, G, lambda r, j: dicfo[first + r, j], d_scratch)

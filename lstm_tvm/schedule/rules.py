@@ -12,9 +12,10 @@ Every kernel is made of named blocks of three shapes, and one rule handles each:
 - *elementwise* blocks: fused, parallel outside, vectorised inside where the extent allows.
   Consecutive blocks of one fusion group (``spatial(..., group=)``) share one parallel loop.
 
-Blocks inside a time loop (``step``) are scheduled the same way, except that their GEMMs never
-cut the reduction into slabs (each slab is a parallel region, launched every step); the time
-loop stays serial.
+Blocks inside a serial loop body marked ``LOOP_BODY`` (a time step, a chunk of rows that the
+weight gradient reduces over) are scheduled the same way, except that their GEMMs never cut the
+reduction into slabs (each slab is a parallel region, launched every iteration); the serial
+loops stay serial.
 A rule that cannot apply leaves the block as it is (still correct, only slower).
 """
 
@@ -72,8 +73,9 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     (float32), cutting the reduction into slabs of 256 steps for ``(M, K)`` operands and of 64
     for ``(K, M)`` ones (where the reduction runs over all rows) came within 20% of each GEMM's
     best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop,
-    or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are a thread-pool launch per step (BlockLSTM
-    at 64x32x256x256: 9.3 ms with two slabs of 128 in the recurrent product, 8.4 ms without).
+    or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are
+    a thread-pool launch per iteration (BlockLSTM at 64x32x256x256: 9.3 ms with two slabs of
+    128 in the recurrent product, 8.4 ms without).
     """
     rows, cols = _row_tile(m_extent), _column_chunk(n_extent)
     if rows <= 1 or cols is None:

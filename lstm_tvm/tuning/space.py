@@ -32,7 +32,8 @@ def choices(task: Task) -> dict[str, list[int]]:
     # to 30% slower; one value keeps the space small enough for 16 trials to cover.
     k_unroll = [next(u for u in (4, 2, 1) if task.k_multiple % u == 0)]
     # Per-step GEMMs never cut the reduction: each slab (and the initialisation before them)
-    # is a parallel region of its own, launched every step (see schedule.rules.default_tile).
+    # is a parallel region of its own, launched every iteration of the loop around the GEMM
+    # (see schedule.rules.default_tile).
     k_block = [] if task.per_step else [b for b in (64, 128, 256)
                                         if task.k_multiple % b == 0 and b < task.K]
     return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}

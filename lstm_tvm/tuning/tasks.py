@@ -50,7 +50,8 @@ class Task:
     kernel (``m_multiple``/``k_multiple``: the extent itself when it is static, else the row
     padding guaranteed by the kernel; ``n_multiple``: 0 when ``N`` is static, else the column
     padding), which bounds the tiles a search may pick; ``per_step``: the block runs once per
-    time step of its kernel (see :func:`lstm_tvm.tuning.space.choices`)."""
+    iteration of a serial loop of its kernel, a time step or a chunk of rows (see
+    :class:`lstm_tvm.kernels._builder.GemmBlock`, :func:`lstm_tvm.tuning.space.choices`)."""
 
     name: str
     M: int
