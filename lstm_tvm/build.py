@@ -102,7 +102,8 @@ def _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_json, stam
     from .tuning import database
 
     target = resolve_target(json.loads(target_json))
-    found = database.tuned_blocks(target, _gemm_blocks(op, dtype, input_size, cell_size, attrs))
+    found = database.tuned_blocks(target, _gemm_blocks(op, dtype, input_size, cell_size, attrs),
+                                  stamp)
     return tuple(sorted((name, best.task.key, database.trace_to_json(best.trace))
                         for name, best in found.items()))
 

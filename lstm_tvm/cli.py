@@ -337,8 +337,10 @@ main.add_command(_bench_command, "bench")
 # --- tune (lstm_tvm.tuning) ---------------------------------------------------------------------
 
 from .tuning.command import command as _tune_command  # noqa: E402
+from .tuning.command import schedules_command as _schedules_command  # noqa: E402
 
 main.add_command(_tune_command, "tune")
+main.add_command(_schedules_command, "schedules")
 
 # --- convert (lstm_tvm.convert) -----------------------------------------------------------------
 

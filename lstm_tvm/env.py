@@ -1,16 +1,29 @@
 """Paths and knobs, with environment-variable overrides.
 
-- ``LSTM_TVM_CACHE_DIR``: where compiled modules are cached
-  (default ``$XDG_CACHE_HOME/lstm_tvm`` or ``~/.cache/lstm_tvm``).
-- ``LSTM_TVM_SCHEDULES_DIR``: the tuning databases (default: the repository's ``schedules/``).
+- ``LSTM_TVM_CACHE_DIR``: where compiled modules are cached (default: the platform's user cache
+  folder, ``~/.cache/lstm_tvm`` on Linux).
+- ``LSTM_TVM_SCHEDULES_DIR``: the user's tuning databases, written by ``lstm-tvm tune`` and
+  looked up before the shipped ones (default: the platform's user data folder,
+  ``~/.local/share/lstm_tvm/schedules`` on Linux).
+- ``LSTM_TVM_SHIPPED_SCHEDULES``: ``0`` (or ``off``, ``false``, ``no``) ignores the tuning
+  records shipped with lstm_tvm, e.g. to compare with the rule-based schedules.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
+import platformdirs
+
 PACKAGE_DIR = Path(__file__).resolve().parent
+
+#: The folder of the shipped records inside an installed package (a wheel puts the repository's
+#: ``schedules/`` there).
+PACKAGED_SCHEDULES = PACKAGE_DIR / "_schedules"
+
+_APP = "lstm_tvm"
 
 
 def cache_dir() -> Path:
@@ -18,13 +31,52 @@ def cache_dir() -> Path:
     override = os.environ.get("LSTM_TVM_CACHE_DIR")
     if override:
         return Path(override).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "lstm_tvm"
+    return platformdirs.user_cache_path(_APP)
 
 
 def schedules_dir() -> Path:
-    """The folder holding MetaSchedule databases, one sub-folder per target key."""
+    """The user's tuning databases, one sub-folder per target key: where tuning sessions write
+    and the first place lookups search (not created here)."""
     override = os.environ.get("LSTM_TVM_SCHEDULES_DIR")
     if override:
         return Path(override).expanduser()
-    return PACKAGE_DIR.parent / "schedules"
+    return _user_data_dir() / "schedules"
+
+
+@functools.cache
+def _user_data_dir() -> Path:
+    return platformdirs.user_data_path(_APP)
+
+
+def shipped_schedules_dir() -> Path | None:
+    """The tuning databases shipped with lstm_tvm: inside the installed package, or the
+    repository's ``schedules/`` in a source checkout; None when there are none or
+    ``LSTM_TVM_SHIPPED_SCHEDULES`` turns them off."""
+    if os.environ.get("LSTM_TVM_SHIPPED_SCHEDULES", "").strip().lower() in ("0", "off", "false",
+                                                                            "no"):
+        return None
+    return _shipped_dir()
+
+
+@functools.cache
+def _shipped_dir() -> Path | None:
+    if PACKAGED_SCHEDULES.is_dir():
+        return PACKAGED_SCHEDULES
+    checkout = PACKAGE_DIR.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "schedules").is_dir():
+        return checkout / "schedules"
+    return None
+
+
+def schedule_roots() -> tuple[tuple[str, Path], ...]:
+    """The roots lookups search, in order of preference: ``("user", ...)`` then, when there are
+    any, ``("shipped", ...)``."""
+    return _roots(schedules_dir(), shipped_schedules_dir())
+
+
+@functools.lru_cache(maxsize=8)
+def _roots(user: Path, shipped: Path | None) -> tuple[tuple[str, Path], ...]:
+    roots = (("user", user),)
+    if shipped is not None and shipped.resolve() != user.resolve():
+        roots += (("shipped", shipped),)
+    return roots

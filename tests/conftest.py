@@ -1,4 +1,5 @@
-"""Shared fixtures: a private compile cache for the test session, and the target list."""
+"""Shared fixtures: a private compile cache and user records root for the test session, and the
+target list."""
 
 import os
 import tempfile
@@ -10,6 +11,9 @@ def pytest_configure(config):
     # Tests never read or write the user's cache: a fresh one per session.
     if "LSTM_TVM_CACHE_DIR" not in os.environ or os.environ.get("CI"):
         os.environ["LSTM_TVM_CACHE_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_cache_")
+    # Nor the user's tuning records: an empty user root (the shipped records still apply).
+    if "LSTM_TVM_SCHEDULES_DIR" not in os.environ or os.environ.get("CI"):
+        os.environ["LSTM_TVM_SCHEDULES_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_schedules_")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 

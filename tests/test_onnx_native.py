@@ -1,4 +1,4 @@
-"""The native ONNX Runtime route: examples/ort's C++ custom-op library running lstm_tvm exports.
+"""The native ONNX Runtime route: the C++ custom-op library running lstm_tvm exports.
 
 The library is built with g++ against ONNX Runtime 1.29's official C API header (fetched and
 hash-checked by :func:`lstm_tvm.onnx.native.ort_include_dir`) and run by onnxruntime 1.31; every
@@ -28,7 +28,7 @@ def library():
     try:
         return native.build_library()
     except FileNotFoundError as err:  # no g++, no npm, or npm could not fetch the headers
-        pytest.skip(f"cannot build examples/ort: {err}")
+        pytest.skip(f"cannot build the native custom-op library: {err}")
 
 
 @pytest.fixture(scope="module")

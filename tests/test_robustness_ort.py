@@ -3,7 +3,7 @@
 Routes: ``function`` (the ONNX functions in a plain session), ``pyop`` (the PyOps through
 :class:`lstm_tvm.onnx.ort.InferenceSession`), ``pyop_plain`` (the PyOps in a plain session, where
 a failing PyOp cannot raise: its outputs are zeros and the failure is logged and kept in
-:func:`~lstm_tvm.onnx.ort.last_error`) and ``native`` (examples/ort's C++ library). Graph inputs
+:func:`~lstm_tvm.onnx.ort.last_error`) and ``native`` (the C++ library). Graph inputs
 are declared without shapes, so malformed inputs reach the nodes instead of onnxruntime's own
 input checks.
 
@@ -247,7 +247,7 @@ def native_setup(tmp_path_factory):
     try:
         library = native.build_library()
     except FileNotFoundError as err:
-        return f"cannot build examples/ort: {err}"
+        return f"cannot build the native custom-op library: {err}"
     folder = tmp_path_factory.mktemp("export")
     export(folder, EXPORT_OPS, dtype="float32", input_size=I, cell_size=H, attrs=ATTRS,
            onnx=False, progress=False)

@@ -7,15 +7,17 @@ trip and that every schedule the space can produce computes the right thing in t
 
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import lstm_tvm
-from lstm_tvm import build, reference, registry, testing, validation
+from lstm_tvm import build, cli, env, reference, registry, testing, validation
 from lstm_tvm._tvm import Schedule, resolve_target, tvm
 from lstm_tvm.tuning import collect_tasks, database, space
 from lstm_tvm.tuning import tasks as task_mod
@@ -26,9 +28,11 @@ ALL_OPS = ("LSTMBlockCell", "LSTMBlockCellGrad") + SEQ_OPS
 
 @pytest.fixture
 def schedules(tmp_path, monkeypatch):
-    """An empty schedules root, used by compile() and raw_ops for the test's duration."""
+    """An empty user schedules root and no shipped records, used by compile() and raw_ops for
+    the test's duration."""
     root = tmp_path / "schedules"
     monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(root))
+    monkeypatch.setenv("LSTM_TVM_SHIPPED_SCHEDULES", "0")
     return root
 
 
@@ -75,13 +79,14 @@ def test_tune_command_writes_database_resumes_and_is_applied(schedules):
 
 
 def _commit_sampled_records(db, target, task_list, seed):
-    """One record per task: a schedule sampled from the task's space, timed here."""
+    """One record per task for ``target``: a schedule sampled from the task's space, timed here
+    (built for this CPU, so that records of any CPU can be made on any)."""
     dev = tvm.cpu()
     for i, task in enumerate(task_list):
         mod = task_mod.workload(task)
         design = space.designs(task, Schedule(mod, seed=seed + i + 1))
         sch = design[(seed + i) % len(design)]
-        lib = tvm.compile(sch.mod, target=target)
+        lib = tvm.compile(sch.mod, target=resolve_target())
         infos = tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
         args = [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
         secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
@@ -130,6 +135,85 @@ def test_records_of_another_machine_are_not_applied(schedules):
     spec_other = build.make_spec("BlockLSTMGradV2", "float32", 8, 8, {"use_peephole": False},
                                  target=other)
     assert {name for name, _, _ in spec_other.tuned} == {t.name for t in task_list}
+
+
+def _x86(mcpu):
+    return resolve_target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": mcpu})
+
+
+def _traces(spec) -> dict:
+    return {name: trace for name, _, trace in spec.tuned}
+
+
+def test_user_records_come_before_shipped_ones_block_by_block(schedules, tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(env, "shipped_schedules_dir", lambda: shipped)
+    host = resolve_target()
+    task_list = collect_tasks(["BlockLSTMGradV2"], ["float32"], [(4, 2, 8, 8)])
+    mine = next(t for t in task_list
+                if len(space.designs(t, Schedule(task_mod.workload(t), seed=1))) > 1)
+    _commit_sampled_records(database.open_database(shipped / database.target_key(host), True),
+                            host, task_list, 0)
+    attrs = {"use_peephole": False}
+    from_shipped = _traces(build.make_spec("BlockLSTMGradV2", "float32", 8, 8, attrs))
+    assert set(from_shipped) == {t.name for t in task_list}
+    db = database.open_database(database.database_dir(host), create=True)
+    for seed in range(1, 9):  # until the user's best schedule differs from the shipped one
+        _commit_sampled_records(db, host, [mine], seed)
+        best = database.best_by_task(host)[mine]
+        if database.trace_to_json(best.trace) != from_shipped[mine.name]:
+            break
+    assert database.trace_to_json(best.trace) != from_shipped[mine.name]
+    assert [s.origin for s in database.sources(host)] == ["user", "shipped"]
+    both = _traces(build.make_spec("BlockLSTMGradV2", "float32", 8, 8, attrs))
+    assert both[mine.name] == database.trace_to_json(best.trace)
+    assert {k: v for k, v in both.items() if k != mine.name} == \
+        {k: v for k, v in from_shipped.items() if k != mine.name}
+    _check_against_reference("BlockLSTMGradV2", 8, 8, [(3, 2)], attrs)
+
+
+def test_a_cpu_without_records_borrows_those_of_its_isa(schedules, tmp_path, monkeypatch):
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(env, "shipped_schedules_dir", lambda: shipped)
+    donor = _x86("skylake-avx512")
+    task_list = collect_tasks(["BlockLSTM"], ["float32"], [(4, 2, 8, 8)])
+    _commit_sampled_records(database.open_database(shipped / database.target_key(donor), True),
+                            donor, task_list, 0)
+    full_attrs = validation.validate_attrs(registry.get_op("BlockLSTM"), {"use_peephole": False})
+    for mcpu, borrows in (("icelake-server", True), ("znver4", True), ("haswell", False),
+                          ("x86-64", False)):
+        target = _x86(mcpu)
+        found = database.sources(target)
+        assert [(s.key, s.borrowed) for s in found] == ([("llvm-skylake-avx512", True)]
+                                                        if borrows else []), mcpu
+        spec = build.make_spec("BlockLSTM", "float32", 8, 8, full_attrs,
+                               target=target)
+        assert bool(spec.tuned) == borrows, mcpu
+        assert ("borrowed from llvm-skylake-avx512" in database.describe_use(target)) == borrows
+    arm = resolve_target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]})
+    assert database.sources(arm) == ()
+    shown = CliRunner().invoke(cli.main, ["schedules", "--target", json.dumps(
+        {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "icelake-server"})])
+    assert shown.exit_code == 0, shown.output
+    assert "target: llvm-icelake-server (x86_64 avx512f)" in shown.output
+    row = ["shipped", "llvm-skylake-avx512", "x86_64", "avx512f", str(len(task_list)), "yes"]
+    assert any(line.split()[:6] == row for line in shown.output.splitlines()), shown.output
+    assert shown.output.splitlines()[-1] == (
+        f"uses: borrowed from llvm-skylake-avx512 (same ISA), shipped records in "
+        f"{shipped / 'llvm-skylake-avx512'}")
+    # records of its own, however few, end the borrowing
+    own = _x86("icelake-server")
+    _commit_sampled_records(database.open_database(database.database_dir(own), True), own,
+                            task_list[:1], 0)
+    assert [(s.origin, s.borrowed) for s in database.sources(own)] == [("user", False)]
+
+
+def test_shipped_records_can_be_turned_off(schedules, monkeypatch):
+    monkeypatch.setenv("LSTM_TVM_SHIPPED_SCHEDULES", "1")
+    origins = [origin for origin, _ in env.schedule_roots()]
+    assert origins == (["user", "shipped"] if env.shipped_schedules_dir() else ["user"])
+    monkeypatch.setenv("LSTM_TVM_SHIPPED_SCHEDULES", "off")
+    assert [origin for origin, _ in env.schedule_roots()] == ["user"]
 
 
 def test_space_choices_divide_what_the_kernels_guarantee():

@@ -6,7 +6,7 @@
 - :mod:`.models`: node and model builders.
 - :mod:`.ort`: onnxruntime-extensions PyOps calling lstm_tvm's TVM kernels (import it
   explicitly: it needs ``onnxruntime`` and ``onnxruntime-extensions``).
-- :mod:`.native`: builds and registers examples/ort's C++ custom-op library, which runs
+- :mod:`.native`: builds and registers the C++ custom-op library, which runs
   export folders' TVM kernels natively in onnxruntime (import it explicitly).
 """
 

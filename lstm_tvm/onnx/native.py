@@ -1,6 +1,6 @@
 """The native ONNX Runtime route: a C++ custom-op library running lstm_tvm exports in place.
 
-``examples/ort/lstm_tvm_ort_ops.cc`` is an ONNX Runtime custom-op library (C API) whose kernels
+``lstm_tvm_ort_ops.cc`` (beside this module) is an ONNX Runtime custom-op library (C API) whose kernels
 call the functions of export folders written by :func:`lstm_tvm.export.export` through TVM's
 runtime: no Python at run time, no copies of 64-byte aligned tensors, float32 and float16, and
 every failure an ONNX Runtime error. This module gets what it needs and builds it:
@@ -67,8 +67,8 @@ HEADER_SHA256 = {
 }
 #: The session config entry the library reads: export folders separated by ``os.pathsep``.
 CONFIG_EXPORT_DIRS = "lstm_tvm.export_dirs"
-#: The library's source in the repository.
-SOURCE = env.PACKAGE_DIR.parent / "examples" / "ort" / "lstm_tvm_ort_ops.cc"
+#: The library's source, shipped inside the package (``examples/ort`` builds it with CMake).
+SOURCE = Path(__file__).resolve().with_name("lstm_tvm_ort_ops.cc")
 
 
 def _sha256(path: Path) -> str:

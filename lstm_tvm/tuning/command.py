@@ -24,7 +24,9 @@ DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
               help="Measured candidates each task should have on record (resumes: tasks "
                    "already in the database are topped up).")
 @click.option("--schedules-dir", type=click.Path(file_okay=False),
-              help="Root of the databases (default: LSTM_TVM_SCHEDULES_DIR or schedules/).")
+              help="Root of the databases written (default: the user's records, "
+                   "LSTM_TVM_SCHEDULES_DIR or the platform's user data folder; see "
+                   "`lstm-tvm schedules`).")
 @click.option("--seed", type=int, help="Seed of the search (default: random).")
 def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     """Tune the GEMM blocks of the requested kernels with MetaSchedule.
@@ -35,7 +37,7 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     rerun to continue). compile() and raw_ops use the best record of each block for kernels
     of the same target, input and cell size, whatever T and B.
     """
-    from .._tvm import resolve_target
+    resolved = _target_option(target)
     from ..bench import parse_shapes
     from ..cli import _split_choices, format_table
     from .database import database_dir
@@ -47,10 +49,6 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
         shape_list = parse_shapes(shapes)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shapes") from None
-    try:
-        resolved = resolve_target(target)
-    except Exception as exc:  # noqa: BLE001 (TVM raises several types)
-        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--target") from None
     start = time.perf_counter()
     try:
         results = tune(ops, dts, shape_list, resolved, trials, root=schedules_dir, seed=seed)
@@ -65,3 +63,45 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
                             right=(1, 2, 3)))
     click.echo(f"{len(results)} tasks, database {database_dir(resolved, schedules_dir)}, "
                f"{time.perf_counter() - start:.0f} s")
+
+
+def _target_option(text: str):
+    """``--target`` resolved, or a usage error naming it."""
+    from .._tvm import resolve_target
+
+    try:
+        return resolve_target(text)
+    except Exception as exc:  # noqa: BLE001 (TVM raises several types)
+        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--target") from None
+
+
+@click.command("schedules")
+@click.option("--target", default="llvm", show_default=True,
+              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+def schedules_command(target):
+    """Say which tuning records a target's kernels use and where they come from.
+
+    Lookups read the user's records (written by `lstm-tvm tune`; LSTM_TVM_SCHEDULES_DIR
+    overrides the folder), then those shipped with lstm_tvm (LSTM_TVM_SHIPPED_SCHEDULES=0
+    turns them off). A CPU with no records of its own borrows those of a CPU with the same
+    architecture and vector extension.
+    """
+    from .. import env
+    from ..cli import format_table
+    from . import database
+
+    resolved = _target_option(target)
+    click.echo(f"target: {database.target_key(resolved)} ({database.isa_class(resolved)})"
+               if str(resolved.kind.name) == "llvm" else f"target: {database.target_key(resolved)}")
+    for origin, root in env.schedule_roots():
+        click.echo(f"{origin} records: {root}{'' if root.is_dir() else ' (none yet)'}")
+    if env.shipped_schedules_dir() is None:
+        click.echo("shipped records: off (LSTM_TVM_SHIPPED_SCHEDULES)")
+    used = {s.folder for s in database.sources(resolved)}
+    rows = [(origin, folder.name, isa, str(len(database.tasks_in(folder))),
+             "yes" if folder in used else "", str(folder))
+            for origin, folder, isa in database.databases()]
+    if rows:
+        click.echo(format_table(("origin", "key", "ISA", "tasks", "used", "folder"), rows,
+                                right=(3,)))
+    click.echo(f"uses: {database.describe_use(resolved)}")

@@ -1,12 +1,17 @@
-"""Tuning databases: MetaSchedule's JSON files under ``schedules/<target key>/``.
+"""Tuning databases: MetaSchedule's JSON files under ``<root>/<target key>/``.
 
 The target key names the machine the records were measured on (``llvm-<mcpu>`` for CPUs,
-``cuda-<arch>`` for GPUs), so records of one machine are never looked up for another; a
-record whose own target differs (kind, CPU model or architecture) is ignored as well.
+``cuda-<arch>`` for GPUs). Two roots hold databases (:func:`lstm_tvm.env.schedule_roots`): the
+user's, where tuning sessions write, and the records shipped with lstm_tvm. A target's lookups
+(:func:`sources`) read its own key's databases, the user's first; a CPU with none of its own
+borrows the databases of a compatible CPU (same architecture and vector extension, see
+:func:`compatible`), and says so. A record whose own target differs from its database's key
+is ignored.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -17,7 +22,8 @@ from .. import env
 from .space import describe
 from .tasks import Task, task_of
 
-__all__ = ["Best", "database_dir", "open_database", "target_key", "tuned_blocks"]
+__all__ = ["Best", "Source", "compatible", "database_dir", "databases", "describe_use",
+           "isa_class", "open_database", "sources", "target_key", "tasks_in", "tuned_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +50,124 @@ def same_machine(a, b) -> bool:
 
 
 def database_dir(target, root: Path | None = None) -> Path:
-    """Where ``target``'s database lives (under ``LSTM_TVM_SCHEDULES_DIR`` by default)."""
+    """Where tuning sessions write ``target``'s database: under ``root``, by default the user's
+    records (:func:`lstm_tvm.env.schedules_dir`)."""
     return Path(root or env.schedules_dir()) / target_key(target)
+
+
+def isa_class(target) -> str:
+    """The architecture and widest vector extension of a CPU target, e.g. ``x86_64 avx512f``,
+    ``x86_64 avx2``, ``aarch64 neon`` (from LLVM's feature tables: no hardware needed)."""
+    return _isa_class(str(target))
+
+
+@functools.lru_cache(maxsize=64)
+def _isa_class(target_json: str) -> str:
+    from .._tvm import tvm
+
+    target = tvm.target.Target(json.loads(target_json))
+    triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
+    arch = triple.split("-")[0]
+    has = functools.partial(tvm.target.codegen.llvm_cpu_has_features, target=target)
+    for feature in ("avx512f", "avx2", "sve", "neon"):
+        if has(feature):
+            return f"{arch} {feature}"
+    return f"{arch} generic"
+
+
+def compatible(target, other) -> bool:
+    """Whether records measured on CPU target ``other`` may stand in for ``target``'s: both
+    ``llvm``, with the same :func:`isa_class` (the traces only split and order loops, so any
+    record is correct anywhere; this decides where it is also fast)."""
+    if str(target.kind.name) != "llvm" or str(other.kind.name) != "llvm":
+        return False
+    return isa_class(target) == isa_class(other)
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One database a target's lookups read: ``origin`` ``"user"`` or ``"shipped"``; ``key``
+    the target key its records were measured for (another machine's when ``borrowed``)."""
+
+    origin: str
+    folder: Path
+    key: str
+    borrowed: bool = False
+
+    def describe(self) -> str:
+        how = f"borrowed from {self.key} (same ISA)" if self.borrowed else self.key
+        return f"{how}, {self.origin} records in {self.folder}"
+
+
+def sources(target) -> tuple[Source, ...]:
+    """The databases ``target``'s kernels take their records from, in order of preference:
+    its own key's (user's, then shipped); without any, the first compatible CPU's by key
+    name (user's root first); else none."""
+    roots = tuple((origin, root, _mtime(root)) for origin, root in env.schedule_roots())
+    return _sources(str(target), roots)
+
+
+def _mtime(path: Path):
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=64)
+def _sources(target_json: str, roots: tuple) -> tuple[Source, ...]:
+    """:func:`sources`, cached by the roots' mtimes (a new key folder changes its root's), each
+    record file's own state being read by :func:`stamp`."""
+    from .._tvm import tvm
+
+    target = tvm.target.Target(json.loads(target_json))
+    key = target_key(target)
+    own = tuple(Source(origin, root / key, key) for origin, root, _ in roots
+                if (root / key / RECORD_FILE).is_file())
+    if own or str(target.kind.name) != "llvm":
+        return own
+    for origin, root, mtime in roots:
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if mtime else ():
+            other = _recorded_target(_stamp(folder))
+            if other is not None and compatible(target, other):
+                return (Source(origin, folder, folder.name, borrowed=True),)
+    return ()
+
+
+def describe_use(target) -> str:
+    """One line saying which records ``target``'s kernels use and where they come from."""
+    found = sources(target)
+    if not found:
+        return f"none for {target_key(target)}: rule-based default schedules"
+    return "; ".join(s.describe() for s in found)
+
+
+def databases() -> list[tuple[str, Path, str]]:
+    """Every database on the lookup roots: ``(origin, folder, ISA class or "?")``."""
+    rows = []
+    for origin, root in env.schedule_roots():
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+            if (folder / RECORD_FILE).is_file():
+                other = _recorded_target(_stamp(folder))
+                rows.append((origin, folder, "?" if other is None else isa_class(other)))
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _recorded_target(file_stamp):
+    """The target of the first record in a record file (its :func:`_stamp`), if it is one of
+    its folder's key (None when there is none, or it is unreadable or of another machine)."""
+    from .._tvm import tvm
+
+    if file_stamp is None:
+        return None
+    path = Path(file_stamp[0])
+    try:
+        with open(path, encoding="utf-8") as f:
+            target = tvm.target.Target(json.loads(f.readline())[1][2])
+    except Exception:  # noqa: BLE001 (not a readable lstm_tvm database: skipped)
+        return None
+    return target if target_key(target) == path.parent.name else None
 
 
 def open_database(folder: Path, create: bool = False):
@@ -79,10 +201,11 @@ class Best:
                 "trials": self.trials}
 
 
-def stamp(target, root: Path | None = None):
-    """The identity of ``target``'s record file as it is now (path, mtime, size), or None:
-    what cached lookups are keyed by, so new records are seen at once."""
-    return _stamp(database_dir(target, root))
+def stamp(target) -> tuple:
+    """The identity of the databases :func:`sources` gives ``target`` as they are now (key and
+    each record file's path, mtime, size): what cached lookups are keyed by, so new records
+    are seen at once."""
+    return tuple((s.key, _stamp(s.folder)) for s in sources(target))
 
 
 def _stamp(folder: Path):
@@ -105,6 +228,12 @@ def trial_counts(target, root: Path | None = None) -> dict[Task, int]:
     """How many records (successful or not) each task has for ``target`` (to resume sessions)."""
     stamp = _stamp(database_dir(target, root))
     return {} if stamp is None else _load(stamp, target_key(target))[1]
+
+
+def tasks_in(folder: Path) -> dict[Task, Best]:
+    """Every task's best record in the database in ``folder`` (records of its key only)."""
+    file_stamp = _stamp(Path(folder))
+    return {} if file_stamp is None else _load(file_stamp, Path(folder).name)[0]
 
 
 @functools.lru_cache(maxsize=16)
@@ -135,15 +264,17 @@ def _load(stamp, key: str) -> tuple[dict[Task, Best], dict[Task, int]]:
     return best, counts
 
 
-def tuned_blocks(target, blocks, root: Path | None = None) -> dict[str, Best]:
+def tuned_blocks(target, blocks, state: tuple | None = None) -> dict[str, Best]:
     """For each kernel GEMM block (a ``GemmBlock`` with symbolic sizes), the best record of a
-    matching task, preferring the task tuned at the largest size (``M*K``)."""
-    found = best_by_task(target, root)
+    matching task in the first of :func:`sources` that has one, preferring the task tuned at
+    the largest size (``M*K``). ``state``: the :func:`stamp` to read (default: as it is now)."""
     chosen: dict[str, Best] = {}
-    for block in blocks:
-        matches = [b for t, b in found.items() if t.matches(block)]
-        if matches:
-            chosen[block.name] = max(matches, key=lambda b: (b.task.M * b.task.K, -b.seconds))
+    for key, file_stamp in stamp(target) if state is None else state:
+        found = {} if file_stamp is None else _load(file_stamp, key)[0]
+        for block in blocks:
+            matches = [b for t, b in found.items() if t.matches(block)]
+            if matches and block.name not in chosen:
+                chosen[block.name] = max(matches, key=lambda b: (b.task.M * b.task.K, -b.seconds))
     return chosen
 
 
