@@ -3,8 +3,9 @@ Relax's VM, against independent truths.
 
 Truths: ONNX ``LSTM`` against onnxruntime's own LSTM kernel (``layout = 1``, which onnxruntime
 refuses, against its time-major twin model with transposed inputs and outputs); lstm_tvm's
-custom ops against the float64 NumPy reference (:mod:`lstm_tvm.reference`), and one custom-op
-model holding standard ops against onnxruntime running the op's ONNX function.
+custom ops against the float64 NumPy reference (:mod:`lstm_tvm.reference`), one custom-op
+model holding standard ops against onnxruntime running the op's ONNX function, and tf.functions
+converted by :mod:`lstm_tvm.convert` (the README's flow) against the same tf.function run by TF.
 
 Tolerances: against the float64 reference, the dtype's row of :data:`lstm_tvm.testing.TOLERANCE`
 (the kernels' own bound). Against onnxruntime, whose float32 LSTM is itself a float32 result,
@@ -12,6 +13,8 @@ the sum of two float32 rows (each side within one row of the exact value; measur
 here are ~1e-7). float16 imports are compared with onnxruntime's float32 LSTM on the same
 float16-rounded values: the float16 row (the kernel, plus the import's single float16 rounding
 of ``Wb + Rb``, <= 0.5 ulp of a bias ~0.5) plus the float32 row.
+Against TF (float32), our row plus TF's (:func:`lstm_tvm.testing.tf_tolerance`): each side is
+within its own row of the exact value.
 """
 
 import functools
@@ -29,7 +32,7 @@ from tvm.error import OpAttributeInvalid, OpAttributeUnImplemented, OpNotImpleme
 
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
-from lstm_tvm.registry import OPS
+from lstm_tvm.registry import OPS, eval_dim
 from lstm_tvm.relax import from_onnx
 
 ort = pytest.importorskip("onnxruntime", reason="onnxruntime is the truth for ONNX LSTM")
@@ -374,6 +377,125 @@ def test_custom_op_seq_len_max_checked():
     inputs["seq_len_max"] = np.asarray(T + 1, np.int64)
     with pytest.raises(ValueError, match=r"seq_len_max must be in \[0, T\]"):
         vm_run(vm, model, inputs)
+
+
+# --- TF -> ONNX (lstm_tvm.convert) -> Relax, as in the README ------------------------------
+
+#: How a TF function computes ``seq_len_max`` from ``x``, and whether ``T``, ``B`` are static.
+#: With dynamic dims TVM's ONNX frontend hands ``Shape`` -> ``Slice`` -> ``Squeeze`` (and
+#: arithmetic on it) to the converter as a ``PrimExpr`` symbolic in ``T``, not a tensor; through
+#: an int32 ``Cast`` it is a tensor; with static dims TF folds it into a constant.
+TF_SEQ_LEN_CASES = {
+    "int64-shape": (lambda tf, x: tf.shape(x, out_type=tf.int64)[0], False),  # the README's
+    "shape-minus-one": (lambda tf, x: tf.shape(x, out_type=tf.int64)[0] - 1, False),
+    "int32-shape-cast": (lambda tf, x: tf.cast(tf.shape(x)[0], tf.int64), False),
+    "int64-shape-static": (lambda tf, x: tf.shape(x, out_type=tf.int64)[0], True),
+}
+FWD_PARAMS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
+
+
+def _convert(tf, fn, op, static):
+    """``fn`` converted by ``lstm_tvm.convert`` at float32 specs of ``op``'s float inputs
+    (``T``, ``B`` unknown unless ``static``)."""
+    pytest.importorskip("tf2onnx", reason="lstm_tvm.convert needs tf2onnx")
+    from lstm_tvm import convert
+
+    sizes = {"T": T, "B": B, "I": I, "H": H}
+    specs = [tf.TensorSpec([eval_dim(d, sizes) if static or d not in ("T", "B") else None
+                            for d in s.shape], tf.float32, name=s.name)
+             for s in op.inputs if s.dtype == "T"]
+    return convert.from_function(fn, specs)
+
+
+@pytest.mark.parametrize("seq_len, static", TF_SEQ_LEN_CASES.values(),
+                         ids=TF_SEQ_LEN_CASES.keys())
+def test_converted_tf_function_matches_tf(tf, seq_len, static):
+    """The README's flow: a tf.function calling BlockLSTMV2 with ``seq_len_max`` computed from
+    ``x``'s shape -> ``lstm_tvm.convert`` -> ``from_onnx`` -> ``tvm.compile`` -> VM, against the
+    same tf.function run by TF where TF defines the outputs (dynamic T, B: at two sizes)."""
+    op = OPS["BlockLSTMV2"]
+
+    @tf.function
+    def block(x, cs_prev, h_prev, w, wci, wcf, wco, b):
+        out = tf.raw_ops.BlockLSTMV2(seq_len_max=seq_len(tf, x), x=x, cs_prev=cs_prev,
+                                     h_prev=h_prev, w=w, wci=wci, wcf=wcf, wco=wco, b=b,
+                                     use_peephole=True)
+        return dict(zip(op.output_names, out))
+
+    model = _convert(tf, block, op, static)
+    _, vm = compiled(model)
+    (r1, a1), (r2, a2) = testing.tolerance("float32"), testing.tf_tolerance("float32")
+    for steps, batch in ((T, B),) if static else ((T, B), (T2, B2)):
+        inputs = testing.make_inputs(op.name, B=batch, I=I, H=H, T=steps, seed=steps)
+        feeds = {n: inputs[n] for n in FWD_PARAMS}
+        want = {k: v.numpy() for k, v in block(**feeds).items()}
+        seq = int(seq_len(tf, feeds["x"]))
+        for output, got in zip(model.graph.output, vm_run(vm, model, feeds)):
+            mask = testing.tf_defined_mask(op.name, output.name, seq, steps)
+            testing.assert_close(got, want[output.name], "float32",
+                                 f"{output.name} T={steps} B={batch}", mask=mask,
+                                 tol=(r1 + r2, a1 + a2))
+
+
+def _seq_len_model(nodes, initializers=()):
+    """A BlockLSTM model whose ``seq_len_max`` is computed by ``nodes`` (from ``x``)."""
+    model = lo.make_model("BlockLSTM", input_size=I, cell_size=H)
+    graph = model.graph
+    graph.input.remove(next(v for v in graph.input if v.name == "seq_len_max"))
+    block = list(graph.node)
+    del graph.node[:]
+    graph.node.extend([*nodes, *block])
+    graph.initializer.extend([*initializers, numpy_helper.from_array(np.int64(0), "zero"),
+                              numpy_helper.from_array(np.int64(1), "one")])
+    return model
+
+
+def _from_shape(*nodes):
+    """``nodes`` after ``steps = Shape(x)[0]`` (a scalar ``Gather``)."""
+    return [helper.make_node("Shape", ["x"], ["shape"]),
+            helper.make_node("Gather", ["shape", "zero"], ["steps"]), *nodes]
+
+
+#: ``seq_len_max`` forms TF's converter does not write: ``(nodes, seq_len_max at T)``.
+SEQ_LEN_FORMS = {
+    "int32-from-shape": (_from_shape(helper.make_node("Cast", ["steps"], ["seq_len_max"],
+                                                      to=TensorProto.INT32)),
+                         lambda steps: steps),
+    "arithmetic-on-shape": (_from_shape(helper.make_node("Sub", ["steps", "one"],
+                                                         ["seq_len_max"])),
+                            lambda steps: steps - 1),
+    "int32-constant": ([helper.make_node("Constant", [], ["seq_len_max"],
+                                         value=numpy_helper.from_array(np.int32(3)))],
+                       lambda steps: 3),
+}
+
+
+@pytest.mark.parametrize("nodes, seq_len", SEQ_LEN_FORMS.values(), ids=SEQ_LEN_FORMS.keys())
+def test_custom_op_seq_len_max_forms(nodes, seq_len):
+    """``seq_len_max`` as a shape-derived int32 ``PrimExpr``, arithmetic on a shape, and an
+    int32 constant, against the float64 reference at two (T, B)."""
+    model = _seq_len_model(nodes)
+    _, vm = compiled(model)
+    for steps, batch in ((T, B), (T + 1, B2)):
+        inputs = testing.make_inputs("BlockLSTM", B=batch, I=I, H=H, T=steps,
+                                     seq_len_max=seq_len(steps))
+        ref = reference.run("BlockLSTM", inputs, OPS["BlockLSTM"].defaults())
+        del inputs["seq_len_max"]
+        for spec, got in zip(OPS["BlockLSTM"].outputs, vm_run(vm, model, inputs)):
+            testing.assert_close(got, ref[spec.name], "float32", f"{spec.name} T={steps}")
+
+
+def test_custom_op_seq_len_max_refusals():
+    """A float ``seq_len_max`` and a rank-1 shape are refused at import, naming the input."""
+    model = _seq_len_model([], [numpy_helper.from_array(np.float32(3), "seq_len_max")])
+    with pytest.raises(TypeError, match=r"BlockLSTM node 'BlockLSTM': input 'seq_len_max' "
+                                        r"expected int64 \(or int32\), got float32"):
+        from_onnx(model)
+    model = _seq_len_model([helper.make_node("Shape", ["x"], ["seq_len_max"], end=1)])
+    with pytest.raises(TypeError, match=r"input 'seq_len_max' expected an int64 scalar \(a "
+                                        r"tensor, or a value computed from shapes\), got "
+                                        r"R\.Shape"):
+        from_onnx(model)
 
 
 # --- refusals ------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 A kernel's PrimFunc (:func:`lstm_tvm.build.primfunc`) takes, in order: ``seq_len_max`` as an
 ``int64`` scalar (sequence ops only), the op's tensor inputs, then its outputs (TF's orders);
 ``T`` and ``B`` are symbolic, ``I`` and ``H`` static. ``call_tir`` passes a ``PrimExpr``
-argument to a scalar parameter, so an ONNX ``seq_len_max`` tensor is read into a symbolic
-``int64`` with ``tensor_to_shape`` + ``match_cast``; a constant one becomes an ``IntImm``.
+argument to a scalar parameter, so ONNX's ``seq_len_max`` becomes one (:func:`seq_len_value`):
+a run-time tensor is read into a symbolic ``int64`` with ``tensor_to_shape`` + ``match_cast``, a
+constant becomes an ``IntImm``, and a value TVM's frontend computed from shapes already is one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tvm import relax, tirx
+from tvm.ir import is_prim_expr
 
 from .._tvm import resolve_target
 from ..build import BuildSpec, make_spec, primfunc
@@ -81,20 +83,45 @@ class KernelTable:
 
 
 def seq_len_value(bb: relax.BlockBuilder, expr, label: str):
-    """An ``int64`` scalar tensor (ONNX ``seq_len_max``) as a ``PrimExpr`` for the kernel.
+    """ONNX's ``seq_len_max`` (an ``int64`` or ``int32`` scalar) as an ``int64`` ``PrimExpr``
+    for the kernel.
 
-    A constant becomes an ``IntImm`` (negative values raise ``ValueError``); any other tensor
-    is read at run time into a fresh symbolic ``int64`` (the kernel checks ``0 <= n <= T``).
+    It arrives in one of three forms. A tensor (a graph input or a computed one) is read at run
+    time into a fresh symbolic ``int64`` (the kernel checks ``0 <= n <= T``). A constant (an
+    initializer or ``Constant`` node) becomes an ``IntImm``. A value computed from shapes
+    (``Shape`` -> ``Gather``, ``Squeeze``, ``Cast``, arithmetic) is a ``PrimExpr`` in TVM's ONNX
+    frontend, symbolic in ``T``, ``B``, or an ``IntImm`` when they are static, and is used as it
+    is. A negative ``IntImm`` raises ``ValueError``; anything else, ``TypeError``.
     """
     what = "input 'seq_len_max'"
-    if dtype_of(expr, label, what) != "int64":
-        raise TypeError(f"{label}: {what} expected int64, got {dtype_of(expr, label, what)}")
+    if is_prim_expr(expr):
+        _index_dtype(str(expr.ty.dtype), label, what)
+        steps = expr.astype("int64")
+    elif isinstance(expr.ty, relax.TensorType):
+        steps = _tensor_steps(bb, expr, label, what)
+    else:
+        raise TypeError(f"{label}: {what} expected an int64 scalar (a tensor, or a value "
+                        f"computed from shapes), got {expr.ty}")
+    if isinstance(steps, tirx.IntImm) and int(steps) < 0:
+        raise ValueError(f"{label}: {what} expected >= 0, got {int(steps)}")
+    return steps
+
+
+def _index_dtype(dtype: str, label: str, what: str) -> str:
+    if dtype not in ("int64", "int32"):
+        raise TypeError(f"{label}: {what} expected int64 (or int32), got {dtype}")
+    return dtype
+
+
+def _tensor_steps(bb: relax.BlockBuilder, expr, label: str, what: str):
+    """A scalar integer tensor as an ``IntImm`` (a constant) or a symbolic ``int64``."""
+    dtype = _index_dtype(dtype_of(expr, label, what), label, what)
     known_dims(expr, label, what, 0)
     value = constant_value(expr)
     if value is not None:
-        if int(value) < 0:
-            raise ValueError(f"{label}: {what} expected >= 0, got {int(value)}")
         return tirx.IntImm("int64", int(value))
+    if dtype != "int64":
+        expr = relax.op.astype(expr, "int64")
     shape = bb.emit(relax.op.tensor_to_shape(relax.op.reshape(expr, (1,))))
     steps = tirx.Var("seq_len_max", "int64")
     bb.match_cast(shape, relax.ShapeType([steps]))
