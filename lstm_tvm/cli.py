@@ -23,6 +23,8 @@ import numpy as np
 
 from . import __version__, env, reference, testing
 from . import build as _build
+from ._options import target_option
+from ._tvm import device_exists, missing_device_error
 from .api import compile as _compile
 from .registry import DTYPES, OPS
 
@@ -116,7 +118,7 @@ def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
     rtol, atol = testing.tolerance(dtype)
     row = {"op": op_name, "dtype": dtype, "use_peephole": peephole, "compile_s": None,
            "run_ms": None, "max_abs_err": None, "worst_output": "", "rtol": rtol, "atol": atol,
-           "passed": False, "failures": []}
+           "passed": False, "skipped": None, "failures": []}
     attrs = {"use_peephole": peephole}
     try:
         inputs = testing.make_inputs(op_name, dtype=dtype, B=opts["batch"], I=opts["input_size"],
@@ -126,6 +128,9 @@ def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
         compiled = _compile(op_name, target=opts["target"], dtype=dtype,
                             input_size=opts["input_size"], cell_size=opts["cell_size"], **attrs)
         row["compile_s"] = time.perf_counter() - start
+        if not device_exists(compiled.device):  # built, but it cannot run here (CUDA, no GPU)
+            row["skipped"] = _no_device_reason(compiled)
+            return row
         tensors = _to_device(inputs, compiled.device)
         outputs = compiled(**tensors)
         row.update(_verify(op_name, outputs, reference.run(op_name, inputs, attrs), dtype))
@@ -142,6 +147,12 @@ def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
     return row
 
 
+def _no_device_reason(compiled) -> str:
+    """Why a built case was not run: ``"no CUDA device: cuda:0 is not present ..."``."""
+    message = str(missing_device_error(compiled.op.name, compiled.device, compiled.target))
+    return message.split(": ", 1)[1]
+
+
 def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -149,7 +160,11 @@ def _fmt(value, spec: str) -> str:
 def _result_rows(results):
     return [(r["op"], r["dtype"], "on" if r["use_peephole"] else "off", _fmt(r["compile_s"], ".2f"),
              _fmt(r["run_ms"], ".3f"), _fmt(r["max_abs_err"], ".2e"), r["worst_output"] or "-",
-             f"{r['rtol']:g}/{r['atol']:g}", "PASS" if r["passed"] else "FAIL") for r in results]
+             f"{r['rtol']:g}/{r['atol']:g}", _verdict(r)) for r in results]
+
+
+def _verdict(row: dict) -> str:
+    return "PASS" if row["passed"] else "SKIP" if row["skipped"] else "FAIL"
 
 
 @contextlib.contextmanager
@@ -195,8 +210,7 @@ def main():
               help="Comma list of dtypes.")
 @click.option("--peephole", type=click.Choice(["off", "on", "both"]), default="both",
               show_default=True, help="Build with use_peephole off, on, or both.")
-@click.option("--target", default="llvm", show_default=True,
-              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@target_option()
 @click.option("--seq-len", default=16, show_default=True, type=click.IntRange(0),
               help="T (sequence ops).")
 @click.option("--batch", default=8, show_default=True, type=click.IntRange(0), help="B.")
@@ -216,7 +230,8 @@ def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
     run once on random inputs and compared output by output with the float64 NumPy reference
     (lstm_tvm.reference) under the lstm_tvm.testing tolerances, then timed: the median of
     --repeat calls of the compiled op on TVM tensors made beforehand (no NumPy copies).
-    Exits with status 1 if any case fails.
+    Without the target's device (--target cuda on a machine without a GPU) each case is only
+    compiled and reported as SKIP. Exits with status 1 if any case fails.
     """
     ops = _split_choices(ops_, OPS, "--ops")
     dts = _split_choices(dtypes, DTYPES, "--dtype")
@@ -239,18 +254,28 @@ def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
                             _result_rows(results), right=(3, 4, 5)))
     click.echo("PASS: |actual - ref| <= atol * max(1, max|ref|) + rtol * |ref| for every output "
                "(lstm_tvm.testing.assert_close)")
-    failed = [r for r in results if not r["passed"]]
+    failed = [r for r in results if not r["passed"] and not r["skipped"]]
+    skipped = [r for r in results if r["skipped"]]
     for r in failed:
         click.echo(f"\nFAIL {r['op']} {r['dtype']} peephole={r['use_peephole']}:\n  "
                    + "\n  ".join(r["failures"]), err=True)
     if json_path is not None:
         payload = {"target": opts["target"], "shape": shape, "repeat": opts["repeat"],
                    "seed": opts["seed"], "no_cache": no_cache, "results": results,
-                   "passed": not failed}
+                   "passed": not failed, "skipped": len(skipped)}
         json_path.write_text(json.dumps(payload, indent=2) + "\n")
-    click.echo(f"{len(results) - len(failed)}/{len(results)} passed")
+    click.echo(_summary_line(results, failed, skipped))
     if failed:
         sys.exit(1)
+
+
+def _summary_line(results, failed, skipped) -> str:
+    """``"n/N passed"``, with the skipped count and reasons when cases were built but not run."""
+    line = f"{len(results) - len(failed) - len(skipped)}/{len(results)} passed"
+    if not skipped:
+        return line
+    reasons = "; ".join(dict.fromkeys(r["skipped"] for r in skipped))
+    return f"{line}, {len(skipped)} skipped (compiled, not run or verified)\nskipped: {reasons}"
 
 
 @main.command("ops")
@@ -264,8 +289,7 @@ def ops_cmd(markdown):
 @main.command("export")
 @click.option("--ops", "ops_", default=",".join(OPS), show_default="all six",
               help=f"Comma list of ops to export, among {', '.join(OPS)}.")
-@click.option("--target", default="llvm", show_default=True,
-              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@target_option()
 @click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
 @click.option("--input-size", default=32, show_default=True, type=click.IntRange(1), help="I.")
 @click.option("--cell-size", default=32, show_default=True, type=click.IntRange(1), help="H.")

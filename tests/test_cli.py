@@ -115,5 +115,59 @@ def test_python_m_lstm_tvm_help():
         assert command in proc.stdout
 
 
+def _cuda_gpu_present() -> bool:
+    from lstm_tvm._tvm import tvm
+
+    return bool(tvm.cuda(0).exist)
+
+
+@pytest.mark.skipif(_cuda_gpu_present(), reason="a CUDA GPU is present, so `build --target cuda` "
+                    "runs and verifies the cases (see `pytest -m gpu tests/test_cuda.py`)")
+def test_build_cuda_without_gpu_compiles_and_skips_the_run(tmp_path):
+    """README (CUDA): without a GPU an op still builds but cannot run. `build` compiles each case,
+    reports its run as skipped (no CUDA device) rather than a FAIL carrying TVM's InternalError,
+    and exits 0, since no case failed."""
+    report = tmp_path / "results.json"
+    args = ["build", "--target", "cuda", "--ops", "LSTMBlockCell", "--dtype", "float32",
+            "--peephole", "off", *TINY, "--json", str(report)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "InternalError" not in result.output and "Traceback" not in result.output
+    rows = _result_lines(result.stdout)
+    assert len(rows) == 1 and rows[0].endswith("SKIP"), result.stdout
+    assert "0/1 passed, 1 skipped" in result.stdout
+    assert "skipped: no CUDA device" in result.stdout
+    row = json.loads(report.read_text())["results"][0]
+    assert row["compile_s"] > 0 and row["run_ms"] is None and row["failures"] == []
+    assert row["skipped"].startswith("no CUDA device")
+
+
+@pytest.mark.parametrize("command", [["build", "--ops", "LSTMBlockCell"],
+                                     ["export", "--ops", "LSTMBlockCell", "-o", "out"],
+                                     ["tune", "--ops", "LSTMBlockCell", "--schedules-dir", "out"],
+                                     ["schedules"]])
+@pytest.mark.parametrize("target, problem", [('{"kind": "llvm", "mcpu": 3', "not valid JSON"),
+                                             ("nosuchkind", "nosuchkind"),
+                                             ('{"kind": "llvm", "mcpu": 3}', "mcpu"),
+                                             ("opencl", "not supported")])
+def test_bad_target_is_one_usage_error(tmp_path, monkeypatch, command, target, problem):
+    """A target that cannot work is rejected once, before any case runs: exit status 2 and one
+    error naming --target (not one FAIL row per case, nor a half-written export)."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, [*command, "--target", target])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "--target" in errors[0] and problem in errors[0], result.output
+    assert not _result_lines(result.output) and not (tmp_path / "out").exists()
+
+
+def test_tune_refuses_a_target_it_cannot_tune(tmp_path):
+    result = CliRunner().invoke(main, ["tune", "--target", "cuda", "--schedules-dir",
+                                       str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert "target kind 'cuda' is not supported; lstm_tvm tunes llvm" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))

@@ -6,6 +6,8 @@ import time
 
 import click
 
+from .._options import target_option
+from .._tvm import resolve_target
 from ..registry import DTYPES, OPS
 
 DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
@@ -18,8 +20,7 @@ DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
               help="Comma list of dtypes (float32, float16).")
 @click.option("--shapes", default=DEFAULT_SHAPES, show_default=True,
               help="Comma list of TxBxIxH shapes to tune at (the benchmark's by default).")
-@click.option("--target", default="llvm", show_default=True,
-              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@target_option(kinds=("llvm",), verb="tunes")
 @click.option("--trials", default=32, show_default=True, type=click.IntRange(1),
               help="Measured candidates each task should have on record (resumes: tasks "
                    "already in the database are topped up).")
@@ -37,7 +38,7 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     rerun to continue). compile() and raw_ops use the best record of each block for kernels
     of the same target, input and cell size, whatever T and B.
     """
-    resolved = _target_option(target)
+    resolved = resolve_target(target)
     from ..bench import parse_shapes
     from ..cli import _split_choices, format_table
     from .database import database_dir
@@ -65,19 +66,8 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
                f"{time.perf_counter() - start:.0f} s")
 
 
-def _target_option(text: str):
-    """``--target`` resolved, or a usage error naming it."""
-    from .._tvm import resolve_target
-
-    try:
-        return resolve_target(text)
-    except Exception as exc:  # noqa: BLE001 (TVM raises several types)
-        raise click.BadParameter(str(exc).splitlines()[0], param_hint="--target") from None
-
-
 @click.command("schedules")
-@click.option("--target", default="llvm", show_default=True,
-              help='TVM target: "llvm" (this CPU, with its -mcpu) or a target JSON dict.')
+@target_option()
 def schedules_command(target):
     """Say which tuning records a target's kernels use and where they come from.
 
@@ -90,7 +80,7 @@ def schedules_command(target):
     from ..cli import format_table
     from . import database
 
-    resolved = _target_option(target)
+    resolved = resolve_target(target)
     click.echo(f"target: {database.target_key(resolved)} ({database.isa_class(resolved)})"
                if str(resolved.kind.name) == "llvm" else f"target: {database.target_key(resolved)}")
     for origin, root in env.schedule_roots():
