@@ -5,6 +5,7 @@ that float32-sized gradient noise causes in the float64 reference run), and the 
 
 import importlib.util
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -60,3 +61,70 @@ def test_wrong_gradients_fail_the_comparison(example, monkeypatch):
     summary = example.compare({"lstm_tvm": bad, "tf": good}, drift)
     assert summary["loss_ratio_last10pct_first10"] <= example.MIN_LOSS_RATIO, summary
     assert not summary["ok"] and summary["rel_diff_max"] > 10 * summary["rel_diff_bound"], summary
+
+
+def _reference_backends(example, monkeypatch, lstm_tvm=None):
+    """Every backend computed by the float64 reference's function (no TF, no compiling: fast);
+    ``lstm_tvm``, when given, replaces the lstm_tvm backend's."""
+    real = example.LOSS_AND_GRADS["reference"]
+    monkeypatch.setitem(example.LOSS_AND_GRADS, "tf", real)
+    monkeypatch.setitem(example.LOSS_AND_GRADS, "lstm_tvm", lstm_tvm or real)
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.iterdir())
+            if p.is_file()}
+
+
+def test_default_out_leaves_the_tracked_files_alone(example, monkeypatch, tmp_path, capsys):
+    """Without --out the script writes into a new temporary folder, never over the tracked
+    loss.png, losses.csv and summary.json next to it (restored here if it ever does)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    _reference_backends(example, monkeypatch)
+    monkeypatch.setattr(example, "plot", lambda *args: args[3].write_bytes(b"png"))
+    before = _snapshot(EXAMPLE.parent)
+    try:
+        status = example.main(["--steps", "3"])
+        assert _snapshot(EXAMPLE.parent) == before, "the tracked files were overwritten"
+        assert status == 0, capsys.readouterr().out
+    finally:
+        for name, (_, data) in before.items():
+            if (EXAMPLE.parent / name).read_bytes() != data:
+                (EXAMPLE.parent / name).write_bytes(data)
+    (out,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert {p.name for p in out.iterdir()} == {"loss.png", "losses.csv", "summary.json"}
+    assert f"wrote {out / 'loss.png'}, {out / 'losses.csv'}" in capsys.readouterr().out
+
+
+def test_checks_are_printed_and_a_failed_one_is_named(example, monkeypatch, tmp_path, capsys):
+    """Every rule is printed with its value and threshold; a run whose gradients are wrong
+    fails the agreement rule by name, and the loss rule is not applied to a short run."""
+    real = example.LOSS_AND_GRADS["reference"]
+
+    def swapped(params, x, y):
+        loss, grads = real(params, x, y)
+        i, c, f, o = np.split(grads["b"], 4)
+        return loss, {**grads, "b": np.concatenate([i, f, c, o])}
+
+    _reference_backends(example, monkeypatch, lstm_tvm=swapped)
+    assert example.main(["--steps", "5", "--out", str(tmp_path)]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    rules = lines[lines.index("checks (exit status 1 if any FAILs; 5 steps):") + 1:]
+    assert rules[0].startswith("  PASS  |lstm_tvm - TF| / TF at step 0 = ")
+    assert rules[1].startswith("  FAIL  max over steps of |lstm_tvm - TF| / TF = ")
+    assert "threshold <= 1e-05" in rules[1]
+    assert rules[2].startswith("  SKIP  lstm_tvm loss: mean of last 10% of steps")
+    assert f"applies from {example.MIN_STEPS_FOR_LOSS_RULE} steps; this run has 5" in rules[2]
+    assert rules[3] == "result: FAIL: max over steps of |lstm_tvm - TF| / TF"
+
+
+@pytest.mark.parametrize("steps", [20, 200])
+def test_loss_rule_applies_from_min_steps(example, steps):
+    """Two identical flat curves agree; their loss never falls, which fails the run only when
+    it is long enough for the loss rule (MIN_STEPS_FOR_LOSS_RULE) to apply."""
+    flat = np.full(steps, 0.3)
+    summary = example.compare({"lstm_tvm": flat, "tf": flat}, np.zeros(steps))
+    applies = steps >= example.MIN_STEPS_FOR_LOSS_RULE
+    assert summary["ok"] is not applies, summary
+    assert summary["checks"][-1]["passed"] is (False if applies else None), summary

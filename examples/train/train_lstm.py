@@ -15,9 +15,11 @@ how the loss and its gradients are computed:
   ``tf.GradientTape`` (TF's registered gradient of ``BlockLSTM`` is correct).
 - ``reference`` (float64): lstm_tvm's NumPy reference of ``BlockLSTM`` and ``BlockLSTMGrad``.
 
-Run: ``python examples/train/train_lstm.py --steps 300 --out examples/train/``. Writes
-``loss.png`` (the loss curves), ``losses.csv`` (one row per step) and ``summary.json`` (the
-agreement figures); exits with status 1 if the curves disagree (see :func:`compare`).
+Run: ``python examples/train/train_lstm.py --steps 300 --out examples/train/`` (the figure in
+the README). Writes ``loss.png`` (the loss curves), ``losses.csv`` (one row per step) and
+``summary.json`` (the agreement figures and checks) into ``--out``, by default a new temporary
+folder; prints each check (rule, value, threshold) and exits with status 1 if one fails (see
+:func:`compare`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -224,9 +227,13 @@ STEP0_REL_DIFF = 1e-5
 PROBE_NOISE = 1e-6
 PROBES = 8
 PROBE_FACTOR = 4.0
-#: The training must work: the mean loss of the last 10% of steps at most this fraction of
-#: the mean of the first 10 steps.
+#: The training must work (agreement of two curves that never moved would prove little): the
+#: mean loss of the last 10% of steps at most this fraction of the mean of the first 10 steps.
 MIN_LOSS_RATIO = 0.5
+#: ... judged from this many steps on. The default task's loss first plateaus, then falls: the
+#: ratio is 0.68 after 50 steps, 0.46 after 70, 0.085 after 100 (seeds 0 to 2) and 0.006 after
+#: 300. A shorter run says nothing about whether training works, so the rule is not applied.
+MIN_STEPS_FOR_LOSS_RULE = 100
 
 
 def probe_drift(cfg: Config, reference_losses: np.ndarray | None = None) -> np.ndarray:
@@ -239,7 +246,7 @@ def probe_drift(cfg: Config, reference_losses: np.ndarray | None = None) -> np.n
 
 def compare(curves: dict[str, np.ndarray], drift: np.ndarray) -> dict:
     """Agreement of the ``lstm_tvm`` and ``tf`` loss curves (``reference`` optional) given the
-    :func:`probe_drift`, and whether they pass the bounds above (``"ok"``)."""
+    :func:`probe_drift`, the :func:`checks` judged on them and whether none failed (``"ok"``)."""
     tvm_, tf_ = curves["lstm_tvm"], curves["tf"]
     rel = np.abs(tvm_ - tf_) / np.abs(tf_)
     tail = max(1, len(tf_) // 10)
@@ -261,9 +268,45 @@ def compare(curves: dict[str, np.ndarray], drift: np.ndarray) -> dict:
         ref = curves["reference"]
         summary["rel_diff_tf_vs_float64_max"] = float(np.max(np.abs(tf_ - ref) / ref))
         summary["rel_diff_lstm_tvm_vs_float64_max"] = float(np.max(np.abs(tvm_ - ref) / ref))
-    summary["ok"] = bool(rel[0] <= STEP0_REL_DIFF and rel.max() <= bound
-                         and ratio <= MIN_LOSS_RATIO)
+    summary["checks"] = checks(summary)
+    summary["ok"] = all(c["passed"] is not False for c in summary["checks"])
     return summary
+
+
+def _check(rule: str, value: float, threshold: float, applies: bool = True,
+           note: str = "") -> dict:
+    """One ``value <= threshold`` rule; ``passed`` is None when the rule does not apply."""
+    return {"rule": rule, "value": value, "threshold": threshold,
+            "passed": bool(value <= threshold) if applies else None, "note": note}
+
+
+def checks(summary: dict) -> list[dict]:
+    """The rules :func:`compare` judges a run by, each with its value and threshold."""
+    steps = summary["steps"]
+    return [
+        _check("|lstm_tvm - TF| / TF at step 0", summary["rel_diff_step0"], STEP0_REL_DIFF,
+               note="float32 rounding of one forward pass"),
+        _check("max over steps of |lstm_tvm - TF| / TF", summary["rel_diff_max"],
+               summary["rel_diff_bound"],
+               note=f"bound: max({PROBE_FACTOR:g} x probe drift {summary['probe_drift_max']:.2e}, "
+                    f"{STEP0_REL_DIFF:g})"),
+        _check("lstm_tvm loss: mean of last 10% of steps / mean of first 10",
+               summary["loss_ratio_last10pct_first10"], MIN_LOSS_RATIO,
+               applies=steps >= MIN_STEPS_FOR_LOSS_RULE,
+               note=f"applies from {MIN_STEPS_FOR_LOSS_RULE} steps; this run has {steps}"),
+    ]
+
+
+def format_checks(summary: dict) -> str:
+    """One line per check: PASS, FAIL or SKIP (not applied), the value, the threshold, a note."""
+    marks = {True: "PASS", False: "FAIL", None: "SKIP"}
+    lines = [f"checks (exit status 1 if any FAILs; {summary['steps']} steps):"]
+    for c in summary["checks"]:
+        lines.append(f"  {marks[c['passed']]}  {c['rule']} = {c['value']:.3g} "
+                     f"(threshold <= {c['threshold']:.3g}; {c['note']})")
+    lines.append("result: " + ("PASS" if summary["ok"] else "FAIL: " + "; ".join(
+        c["rule"] for c in summary["checks"] if c["passed"] is False)))
+    return "\n".join(lines)
 
 
 def plot(curves: dict[str, np.ndarray], drift: np.ndarray, bound: float, path: Path,
@@ -318,11 +361,13 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=Config.steps)
     parser.add_argument("--lr", type=float, default=Config.lr)
     parser.add_argument("--seed", type=int, default=Config.seed)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent,
-                        help="folder for loss.png, losses.csv, summary.json")
+    parser.add_argument("--out", type=Path,
+                        help="folder for loss.png, losses.csv, summary.json (default: a new "
+                             "temporary folder; `--out examples/train` regenerates the README's)")
     args = parser.parse_args(argv)
     cfg = Config(steps=args.steps, lr=args.lr, seed=args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out if args.out is not None else Path(tempfile.mkdtemp(prefix="train_lstm-"))
+    out.mkdir(parents=True, exist_ok=True)
 
     curves = {}
     for backend in BACKENDS:
@@ -333,18 +378,31 @@ def main(argv=None) -> int:
     drift = probe_drift(cfg, curves["reference"])
     summary = {"config": dataclasses.asdict(cfg), **compare(curves, drift)}
 
-    with open(args.out / "losses.csv", "w", newline="") as f:
+    written = write_outputs(out, cfg, curves, drift, summary)
+    print(json.dumps(summary, indent=2))
+    print("wrote " + ", ".join(map(str, written)))
+    print(format_checks(summary))
+    return 0 if summary["ok"] else 1
+
+
+def write_outputs(out: Path, cfg: Config, curves: dict[str, np.ndarray], drift: np.ndarray,
+                  summary: dict) -> list[Path]:
+    """Write ``losses.csv``, ``summary.json`` and (with matplotlib) ``loss.png`` into ``out``;
+    returns the paths written."""
+    with open(out / "losses.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["step", *curves, "probe_drift"])
         for step in range(cfg.steps):
             writer.writerow([step, *(repr(float(c[step])) for c in curves.values()),
                              repr(float(drift[step]))])
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot(curves, drift, summary["rel_diff_bound"], args.out / "loss.png", cfg)
-    print(json.dumps(summary, indent=2))
-    print(f"wrote {args.out / 'loss.png'}, {args.out / 'losses.csv'}, "
-          f"{args.out / 'summary.json'}")
-    return 0 if summary["ok"] else 1
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    written = [out / "losses.csv", out / "summary.json"]
+    try:
+        plot(curves, drift, summary["rel_diff_bound"], out / "loss.png", cfg)
+    except ImportError as exc:  # matplotlib, from the examples extra
+        print(f"loss.png not written: {exc} (pip install -e '.[examples]')")
+        return written
+    return [out / "loss.png", *written]
 
 
 if __name__ == "__main__":
