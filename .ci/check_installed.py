@@ -47,6 +47,19 @@ def _site_files() -> set[str]:
 
 
 @check
+def dependencies_are_complete_and_cpu_only(repo: Path) -> str:
+    from importlib import metadata
+
+    import cloudpickle  # noqa: F401  (MetaSchedule pickles tasks with it)
+    import xgboost  # noqa: F401  (MetaSchedule's default cost model)
+
+    names = sorted(d.metadata["Name"] for d in metadata.distributions())
+    gpu_only = [n for n in names if n.lower().startswith("nvidia-")]
+    assert not gpu_only, f"GPU-only packages installed: {gpu_only}"
+    return f"{len(names)} distributions, no nvidia-* package"
+
+
+@check
 def imported_from_site_packages(repo: Path) -> str:
     import lstm_tvm
 

@@ -7,6 +7,8 @@ Errors of this route are exercised in tests/test_robustness_ort.py.
 """
 
 import numpy as np
+from pathlib import Path
+
 import pytest
 
 from lstm_tvm import onnx as lo
@@ -20,6 +22,13 @@ from lstm_tvm.onnx import native
 T, B, I, H = 5, 3, 4, 6
 OPS_EXPORTED = ["LSTMBlockCell", "LSTMBlockCellGrad", "BlockLSTMV2", "BlockLSTMGradV2"]
 PEEPHOLE = {"use_peephole": True}
+
+
+def test_the_library_source_is_inside_the_package():
+    """The source ships with lstm_tvm (the fixtures below skip on missing tools, never on a
+    missing source)."""
+    package = Path(native.__file__).resolve().parents[1]
+    assert native.SOURCE.is_file() and package in native.SOURCE.resolve().parents
 
 
 @pytest.fixture(scope="module")
