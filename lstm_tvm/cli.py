@@ -24,9 +24,10 @@ import numpy as np
 from . import __version__, env, reference, testing
 from . import build as _build
 from ._options import target_option
-from ._tvm import device_exists, missing_device_error
+from ._tvm import device_exists, missing_device_error, resolve_target
 from .api import compile as _compile
 from .registry import DTYPES, OPS
+from .tuning.database import describe_use
 
 __all__ = ["main", "op_table_markdown", "format_table"]
 
@@ -249,6 +250,7 @@ def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
     click.echo(f"target: {opts['target']}   shape: T={shape['seq_len']} B={shape['batch']} "
                f"I={shape['input_size']} H={shape['cell_size']}   cache: "
                f"{'fresh temporary dir' if no_cache else cache}   repeat: {opts['repeat']}")
+    click.echo(f"tuning records: {describe_use(resolve_target(opts['target']))}")
     click.echo(format_table(("op", "dtype", "peephole", "compile s", "run ms", "max abs err",
                              "worst", "tol (rtol/atol)", "result"),
                             _result_rows(results), right=(3, 4, 5)))

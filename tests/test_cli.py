@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from lstm_tvm import build as _build
 from lstm_tvm import testing
+from lstm_tvm._tvm import resolve_target
 from lstm_tvm.cli import main, op_table_markdown
 from lstm_tvm.registry import OPS
 
@@ -171,3 +172,15 @@ def test_tune_refuses_a_target_it_cannot_tune(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
+
+
+def test_build_says_which_tuning_records_it_uses(tmp_path, monkeypatch):
+    from lstm_tvm.tuning import database
+
+    monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(tmp_path / "user"))
+    monkeypatch.setenv("LSTM_TVM_SHIPPED_SCHEDULES", "0")
+    args = ["build", "--ops", "LSTMBlockCell", "--dtype", "float32", "--peephole", "off", *TINY]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    key = database.target_key(resolve_target())
+    assert f"tuning records: none for {key}: rule-based default schedules" in result.output
