@@ -8,10 +8,13 @@ one with a Python exception whose message starts with the op name and names the 
 Attributes (:func:`validate_attrs`)
     1. Unknown attribute names: ``TypeError`` listing the valid ones.
     2. A required attribute (``use_peephole`` on the grad ops) missing: ``TypeError``.
-    3. Float attributes take an ``int`` or ``float`` (not ``bool`` or ``str``): ``TypeError``;
-       it must be finite and within float32's range, as TF's float attributes are 32-bit (a
-       NaN ``cell_clip`` or a ``forget_bias`` of ``1e39`` is a ``ValueError``); a value that
-       rounds to 0 in float32 counts as 0.
+    3. Float attributes take an ``int`` or ``float`` (not ``bool`` or ``str``): ``TypeError``.
+       ``forget_bias`` must be finite and within float32's range, as TF's float attributes
+       are 32-bit (NaN or ``1e39`` is a ``ValueError``); a value that rounds to 0 in float32
+       counts as 0. ``cell_clip`` takes every real number TF takes, NaN, ``+-inf`` and values
+       past float32's range included; one whose float32 value is not a finite normal number
+       turns clipping off in TF and is returned as 0 (see :func:`cell_clip_bound`). Only an
+       ``int`` beyond float64's range is a ``ValueError`` (TF cannot convert it either).
     4. Bool attributes take ``bool`` or ``numpy.bool_`` only: ``TypeError``.
 
 Inputs (:func:`validate_inputs`)
@@ -44,7 +47,8 @@ import numpy as np
 
 from .registry import DTYPES, OpSpec, eval_dim
 
-__all__ = ["Signature", "validate_attrs", "validate_inputs", "expected_output_shapes"]
+__all__ = ["Signature", "validate_attrs", "validate_inputs", "expected_output_shapes",
+           "cell_clip_bound", "check_cell_clip"]
 
 #: Tensors with this many elements or more are refused (rule 8).
 #:
@@ -61,6 +65,10 @@ __all__ = ["Signature", "validate_attrs", "validate_inputs", "expected_output_sh
 #: ``(T*B, I+H)`` scratch) and no test machine runs it. Lifting the limit means raising this
 #: constant together with a test that makes such a call and checks it against the reference.
 MAX_ELEMENTS = 2**31
+
+#: The smallest normal float32. TF runs its kernels with denormals flushed to zero, so a
+#: ``cell_clip`` below it compares as 0 there: no clipping.
+F32_TINY = float(np.finfo(np.float32).tiny)
 
 #: Which input each size symbol is read from: (input name, dim index).
 SIZE_SOURCES = {"T": ("x", -3), "B": ("x", -2), "I": ("x", -1), "H": ("cs_prev", 1)}
@@ -118,17 +126,62 @@ def validate_attrs(op: OpSpec, attrs: Mapping[str, object]) -> dict[str, float |
                 raise TypeError(f"{where} expected a bool, got {_describe(value)}")
             out[spec.name] = bool(value)
         else:
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-                raise TypeError(f"{where} expected a float, got {_describe(value)}")
-            out[spec.name] = _float32_attr(where, value)
+            out[spec.name] = _float_attr(op, spec.name, value)
     return out
 
 
+def cell_clip_bound(cell_clip: float) -> float | None:
+    """The bound TF 2.21 clips ``cs`` to, ``[-bound, bound]``, for a ``cell_clip`` value, or
+    None where it does not clip.
+
+    TF clips when ``cell_clip > 0`` with the value as a float32 (its attributes are 32-bit) in
+    kernels that run with denormals flushed to zero. So NaN, zero, negative values and float32
+    denormals (``1e-40``; ``1e-50`` is 0) give None, and so do ``+inf`` and values past
+    float32's range (``1e39`` is ``inf``): a clip to ``+-inf`` changes nothing.
+    """
+    bound = _as_float32(cell_clip)
+    return bound if F32_TINY <= bound < math.inf else None
+
+
+def check_cell_clip(op: OpSpec, value) -> float:
+    """Rule 3 for ``op``'s ``cell_clip`` alone: ``value`` as a Python float, 0.0 where TF
+    does not clip (:func:`cell_clip_bound`: NaN, ``+-inf`` and what rounds to them, zero,
+    float32 denormals), else unchanged; a ``TypeError`` or ``ValueError`` as
+    :func:`validate_attrs` raises it."""
+    return _float_attr(op, "cell_clip", value)
+
+
+def _float_attr(op: OpSpec, name: str, value) -> float:
+    """Rule 3 for the float attribute ``name`` of ``op``: its type, then its value."""
+    where = f"{op.name}: attribute '{name}'"
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where} expected a float, got {_describe(value)}")
+    if name == "cell_clip":
+        return _cell_clip_attr(where, value)
+    return _float32_attr(where, value)
+
+
+def _cell_clip_attr(where: str, value) -> float:
+    """Rule 3's value check of ``cell_clip`` (see :func:`check_cell_clip`). A value returned
+    as 0 keeps attribute sets comparable and JSON-safe (cache keys, export manifests)."""
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float64's range: TF raises OverflowError too
+        raise ValueError(f"{where} expected a float, got {_describe(value)} (too large "
+                         f"to convert to a float)") from None
+    return number if F32_TINY <= abs(_as_float32(number)) < math.inf else 0.0
+
+
+def _as_float32(number: float) -> float:
+    """``number`` rounded to float32 (``+-inf`` past its range, as TF's attributes)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(number))
+
+
 def _float32_attr(where: str, value) -> float:
-    """Rule 3's value check: a finite float in float32's range (TF's float attributes are
-    32-bit, and the kernels bake them in as float32 constants). A value that rounds to 0 in
-    float32 is 0, as in TF (a ``cell_clip`` of ``1e-50`` turns clipping off, it does not clip
-    to ``[-0, 0]``)."""
+    """Rule 3's value check of a float attribute other than ``cell_clip``: a finite float in
+    float32's range (TF's float attributes are 32-bit, and the kernels bake them in as float32
+    constants). A value that rounds to 0 in float32 is 0, as in TF."""
     try:
         number = float(value)
     except OverflowError:  # an int beyond float64's range

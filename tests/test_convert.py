@@ -427,11 +427,22 @@ def test_wrong_weight_shape_names_node_and_input():
         convert.from_function(_v2_function(), specs)
 
 
-def test_non_finite_attribute_names_node_and_attribute():
-    with pytest.raises(convert.ConversionError,
-                       match="node 'BlockLSTMV2'.*'cell_clip' expected a finite float, got inf"):
-        convert.from_function(_v2_function(cell_clip=float("inf")),
-                              _op_specs("BlockLSTMV2", "float32"))
+@pytest.mark.parametrize("route", ROUTES)
+def test_infinite_cell_clip_converts_like_tf(route):
+    """TF takes ``cell_clip=inf`` (no clipping): the node gets 0 (no clipping either) and the
+    model computes TF's ``h`` on cell states past the default clip of 3."""
+    fn = _v2_function(cell_clip=float("inf"), use_peephole=True)
+    model = convert.from_function(fn, _op_specs("BlockLSTMV2", "float32"))
+    node = next(n for n in model.graph.node if n.domain == DOMAIN)
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {
+        "cell_clip": 0.0, "use_peephole": 1}
+    inputs = testing.make_inputs("BlockLSTMV2", B=B, I=I, H=H, T=T, seed=3, scale=3.0)
+    tf_cs = tf.raw_ops.BlockLSTMV2(**{k: tf.constant(v) for k, v in inputs.items()},
+                                   cell_clip=float("inf"), use_peephole=True).cs.numpy()
+    assert np.abs(tf_cs).max() > 3.5, "no |cs| a clip would cut"
+    expected = _tf_call(fn, OPS["BlockLSTMV2"].input_names, inputs)
+    got = _run(model, route, inputs)
+    testing.assert_close(got["h"], expected["h"], "float32", f"{route} h", tol=_tol("float32"))
 
 
 def test_unsupported_tf_op_names_node():

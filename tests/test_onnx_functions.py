@@ -11,6 +11,7 @@ are compared (:func:`lstm_tvm.testing.tf_defined_mask`).
 """
 
 import functools
+import math
 
 import numpy as np
 import onnx
@@ -210,6 +211,45 @@ def test_function_uses_standard_ops_only(op_name):
     defaults = {a.name for a in fn.attribute_proto}
     assert required | defaults == set(OPS[op_name].attr_names)
     assert required == {a.name for a in OPS[op_name].attrs if a.required}
+
+
+#: ``cell_clip`` values TF accepts that turn clipping off (all but 3.4e38, which clips an
+#: infinite cell state to 3.4e38); 1e39 is ``inf`` as an ONNX (float32) attribute.
+EDGE_CELL_CLIPS = [math.inf, -math.inf, math.nan, 1e-40, 3.4e38, 1e39]
+
+
+def _set_attribute(model, name, value):
+    """``model`` with its node's float attribute ``name`` set to ``value`` as is (a model
+    written by something other than :func:`lstm_tvm.onnx.make_node`)."""
+    attr = next(a for a in model.graph.node[0].attribute if a.name == name)
+    attr.f = value
+    return model
+
+
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_function_edge_cell_clip_values_like_tf(op_name, dtype, tf):
+    """``cell_clip`` +-inf, NaN, a float32 denormal and values at and past float32's range,
+    given to :func:`make_model` and written straight into a node: TF's results. Cell states
+    reach +-6 (past TF's default clip of 3) and, in float32, +-inf (any active clip shows)."""
+    n = None if OPS[op_name].kind == "cell" else T
+    kw = {} if n is None else {"T": T, "seq_len_max": n}
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, seed=6, scale=3.0, **kw)
+    if dtype == "float32":
+        inputs["cs_prev"].flat[::5] = np.inf
+        inputs["cs_prev"].flat[1::5] = -np.inf
+    for value in EDGE_CELL_CLIPS:
+        attrs = {"cell_clip": value, "use_peephole": False}
+        expected = testing.tf_run(op_name, inputs, attrs)
+        ref = reference.run(op_name, inputs, attrs)
+        built = lo.make_model(op_name, dtype, input_size=I, cell_size=H, attrs=attrs)
+        raw = _set_attribute(lo.make_model(op_name, dtype, input_size=I, cell_size=H,
+                                           attrs={**attrs, "cell_clip": 0.5}), "cell_clip", value)
+        for model in (built, raw):
+            out = _run(_open(model), inputs)
+            _compare(op_name, out, ref, expected, dtype, n)
+            for result in (out, ref, expected):  # assert_close skips where expected is NaN
+                assert not any(np.isnan(v).any() for v in result.values()), value
 
 
 if __name__ == "__main__":

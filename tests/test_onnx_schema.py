@@ -1,11 +1,15 @@
 """ONNX schemas of the six ops: registration, checker, strict shape inference, rejections."""
 
+import math
+
+import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, defs, helper
 
 from lstm_tvm import onnx as lo
 from lstm_tvm.registry import DTYPES, OPS
+from lstm_tvm.validation import validate_attrs
 
 I, H = 5, 6
 DIMS = {"T": "T", "B": "B", "I": I, "H": H, "4H": 4 * H, "I+H": I + H}
@@ -180,7 +184,7 @@ def test_make_node_validates_attributes():
     with pytest.raises(TypeError, match="use_peephole"):
         lo.make_node("BlockLSTM", use_peephole="yes")
     with pytest.raises(ValueError, match="cell_clip"):
-        lo.make_node("LSTMBlockCell", cell_clip=float("nan"))
+        lo.make_node("LSTMBlockCell", cell_clip=10**400)  # TF: OverflowError
     with pytest.raises(ValueError, match="inputs"):
         lo.make_node("LSTMBlockCell", ["x"], None)
 
@@ -199,6 +203,37 @@ def test_wrong_rank_rejected():
     seq.type.tensor_type.shape.dim.add().dim_value = 1
     with pytest.raises(Exception, match="seq_len_max"):
         onnx.shape_inference.infer_shapes(model, strict_mode=True)
+
+
+#: ``cell_clip`` values TF 2.21 accepts (each turns clipping off but 3.4e38) and one it refuses.
+CELL_CLIPS = [math.inf, -math.inf, math.nan, 1e-40, 3.4e38, 1e39, -1e39, 10**400]
+
+
+def _tf_accepts_cell_clip(tf, value) -> bool:
+    one = np.ones((1, 1), np.float32)
+    try:
+        tf.raw_ops.LSTMBlockCell(x=one, cs_prev=one, h_prev=one, w=np.ones((2, 4), np.float32),
+                                 wci=one[0], wcf=one[0], wco=one[0], b=np.ones(4, np.float32),
+                                 cell_clip=value)
+    except Exception:  # noqa: BLE001 - any refusal by TF counts
+        return False
+    return True
+
+
+@pytest.mark.parametrize("op_name", FORWARD_OPS)
+def test_make_node_takes_the_cell_clips_tf_takes(op_name, tf):
+    """A ``cell_clip`` TF accepts makes a checked model whose attribute is the finite value
+    :func:`lstm_tvm.validation.validate_attrs` gives; one TF refuses is a ``ValueError``."""
+    for value in CELL_CLIPS:
+        if not _tf_accepts_cell_clip(tf, value):
+            with pytest.raises(ValueError, match=f"^{op_name}: attribute 'cell_clip'"):
+                lo.make_node(op_name, cell_clip=value)
+            continue
+        model = _model(op_name, with_functions=True, cell_clip=value)
+        _check(model)
+        got = {a.name: helper.get_attribute_value(a) for a in model.graph.node[0].attribute}
+        want = validate_attrs(OPS[op_name], {"cell_clip": value})["cell_clip"]
+        assert got["cell_clip"] == np.float32(want) and math.isfinite(got["cell_clip"]), value
 
 
 if __name__ == "__main__":

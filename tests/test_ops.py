@@ -6,6 +6,8 @@ Against TF, TF's own float16 error bounds the comparison (``tf_tolerance``); aga
 float64 reference lstm_tvm's tighter table applies (``TOLERANCE``).
 """
 
+import math
+
 import numpy as np
 import pytest
 
@@ -131,6 +133,65 @@ def test_defaults_match_tf(tf):
         T = 2 if op.kind == "sequence" else None
         inputs = testing.make_inputs(op_name, B=2, I=3, H=4, T=T, seed=11)
         _check(op_name, inputs, {}, "float32", T=T, tf_outputs=testing.tf_run(op_name, inputs, {}))
+
+
+FORWARD_OPS = [n for n, op in registry.OPS.items() if op.direction == "forward"]
+
+
+def _forward_inputs(op_name, dtype, *, use_peephole, scale):
+    op = registry.get_op(op_name)
+    T = 3 if op.kind == "sequence" else None
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=4, I=5, H=6, T=T, seed=7, scale=scale,
+                                 attrs={"use_peephole": use_peephole})
+    return inputs, T
+
+
+def _assert_no_nan(op_name, *results):
+    """No NaN in any output of ``results`` (``assert_close`` passes any value where the
+    expected one is NaN, so a NaN reference or TF output would make a comparison vacuous)."""
+    for k, outputs in enumerate(results):
+        bad = [name for name, value in outputs.items() if np.isnan(value).any()]
+        assert not bad, f"{op_name}: NaN in outputs {bad} of result {k} (lstm_tvm, TF, ref)"
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op_name", FORWARD_OPS)
+def test_infinite_cell_clip_matches_tf(tf, op_name, dtype, use_peephole):
+    """``cell_clip=inf`` (TF: no clipping) on cell states past the default clip of 3: the same
+    outputs as TF and the reference, none of them NaN."""
+    attrs = {"cell_clip": float("inf"), "use_peephole": use_peephole}
+    inputs, T = _forward_inputs(op_name, dtype, use_peephole=use_peephole, scale=3.0)
+    expected = testing.tf_run(op_name, inputs, attrs)
+    assert np.abs(expected["cs"]).max() > 3.5, "no |cs| that a finite clip would cut"
+    got = _check(op_name, inputs, attrs, dtype, tf_outputs=expected, T=T)
+    _assert_no_nan(op_name, got._asdict(), expected, reference.run(op_name, inputs, attrs))
+
+
+#: Values TF accepts for ``cell_clip`` beyond the usual ones (TF 2.21: all but 3.4e38 turn
+#: clipping off; 3.4e38 clips an infinite cell state to 3.4e38).
+EDGE_CELL_CLIPS = [-math.inf, math.nan, 1e-50, 1e-40, 3.4e38, 1e39, -1e39]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op_name", FORWARD_OPS)
+def test_edge_cell_clip_values_match_tf(tf, op_name, dtype):
+    """``cell_clip`` NaN, ``-inf``, float32 denormals and values at and past float32's range
+    compute what TF computes. In float32 ``cs_prev`` holds +-inf, so that any active clip
+    shows (the peepholes are off: an infinite state times a peephole weight would be NaN)."""
+    inputs, T = _forward_inputs(op_name, dtype, use_peephole=False, scale=3.0)
+    if dtype == "float32":
+        inputs["cs_prev"].flat[::5] = np.inf
+        inputs["cs_prev"].flat[1::5] = -np.inf
+    tf_cs = {}
+    for value in EDGE_CELL_CLIPS:
+        attrs = {"cell_clip": value, "use_peephole": False}
+        expected = testing.tf_run(op_name, inputs, attrs)
+        tf_cs[value] = expected["cs"]
+        got = _check(op_name, inputs, attrs, dtype, tf_outputs=expected, T=T)
+        _assert_no_nan(op_name, got._asdict(), expected, reference.run(op_name, inputs, attrs))
+    if dtype == "float32":  # the data tells an active clip from none
+        assert not np.array_equal(tf_cs[3.4e38], tf_cs[1e39])
 
 
 if __name__ == "__main__":

@@ -390,8 +390,9 @@ def test_float_attr_wrong_type(op_name, attr, value):
 
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, np.float32("nan")], ids=repr)
-@pytest.mark.parametrize(("op_name", "attr"), FLOAT_ATTRS)
+@pytest.mark.parametrize(("op_name", "attr"), [(n, a) for n, a in FLOAT_ATTRS if a != "cell_clip"])
 def test_float_attr_not_finite(op_name, attr, value):
+    """TF takes these for ``cell_clip`` too: see test_cell_clip_accepted_and_rejected_like_tf."""
     op = OPS[op_name]
     with pytest.raises(ValueError, match=names(op_name, attr) + "expected a finite float"):
         validate_attrs(op, {**_required(op), attr: value})
@@ -427,6 +428,47 @@ def test_random_sizes_pass_and_one_bad_dim_fails(op_name, dtype, t, b, i, h, dat
     if shape[dim] >= 0:
         with pytest.raises(ValueError, match=names(op_name, name) + "expected shape"):
             validate_inputs(op, _with(inputs, name, np.zeros(shape, dtype)))
+
+
+# --- cell_clip: what TF accepts --------------------------------------------------------------
+
+#: ``cell_clip`` values to hold against TF: non-finite, past float32's range, zero, negative,
+#: float32 denormals, float32's largest, an int beyond float64's range.
+CELL_CLIP_VALUES = [math.inf, -math.inf, math.nan, np.float32("inf"), np.float16("nan"), 0.0,
+                    -0.0, -1.0, 1e-50, 1e-40, 3.4e38, 3.4028235e38, 1e39, -1e39, 1e300,
+                    -1e300, 10**400]
+FORWARD_OPS = [n for n, op in OPS.items() if "cell_clip" in op.attr_names]
+
+
+def _tf_accepts_cell_clip(tf, op, value) -> bool:
+    """Whether ``tf.raw_ops.<op>`` runs with ``cell_clip=value`` (passed to TF as given)."""
+    inputs = make_inputs(op, _sizes(op, T=1, B=1, I=1, H=1))
+    kwargs = {n: tf.constant(v) for n, v in inputs.items()}
+    try:
+        getattr(tf.raw_ops, op.name)(**kwargs, cell_clip=value, use_peephole=False)
+    except Exception:  # noqa: BLE001 - any refusal by TF counts
+        return False
+    return True
+
+
+@pytest.mark.parametrize("op_name", FORWARD_OPS)
+def test_cell_clip_accepted_and_rejected_like_tf(tf, op_name):
+    """Every ``cell_clip`` TF accepts is accepted (as a finite float, so attribute sets stay
+    comparable and JSON-safe); every one TF refuses is a ``ValueError`` naming it."""
+    op = OPS[op_name]
+    wrong = []
+    for value in CELL_CLIP_VALUES:
+        try:
+            got = validate_attrs(op, {"cell_clip": value})["cell_clip"]
+        except ValueError as err:
+            got = err
+        tf_ok = _tf_accepts_cell_clip(tf, op, value)
+        if tf_ok and not (isinstance(got, float) and math.isfinite(got)):
+            wrong.append(f"{value!r}: TF accepts it, lstm_tvm gave {got!r}")
+        if not tf_ok and not (isinstance(got, ValueError)
+                              and re.match(names(op_name, "cell_clip"), str(got))):
+            wrong.append(f"{value!r}: TF refuses it, lstm_tvm gave {got!r}")
+    assert not wrong, "\n".join(wrong)
 
 
 if __name__ == "__main__":

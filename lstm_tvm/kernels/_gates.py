@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from .._tvm import tirx
+from ..validation import cell_clip_bound
 from ._activations import ACC, clamp, const, sigmoid, tanh
 
 
@@ -60,12 +61,14 @@ def cell_forward(cfg: CellConfig, act, go, cs_prev, wco):
     :func:`gate_activations` and the output gate's pre-activation ``go`` (float32).
 
     Returns ``(i, cs, f, o, ci, co, h)`` as float32 expressions:
-    ``cs = clip(i * ci + f * cs_prev)``, ``o = sigmoid(go + cs * wco)``, ``h = o * tanh(cs)``.
+    ``cs = clip(i * ci + f * cs_prev)``, ``o = sigmoid(go + cs * wco)``, ``h = o * tanh(cs)``;
+    the clip is TF's (:func:`~lstm_tvm.validation.cell_clip_bound`), or none.
     """
     i, ci, f = act("i"), act("c"), act("f")
     cs = i * ci + f * cs_prev
-    if cfg.cell_clip > 0:
-        cs = clamp(cs, cfg.cell_clip)  # a NaN cell state stays NaN, as TF's clip keeps it
+    bound = cell_clip_bound(cfg.cell_clip)
+    if bound is not None:
+        cs = clamp(cs, bound)  # a NaN cell state stays NaN, as TF's clip keeps it
     o = sigmoid(go + cs * wco if cfg.use_peephole else go)
     co = tanh(cs)
     return i, cs, f, o, ci, co, o * co

@@ -39,7 +39,7 @@ def forward_step(g: Graph, pre: Mapping[str, str], cs_prev: str, *, peep: Mappin
     """``i, cs, f, o, ci, co, h`` of one step from the gate pre-activations ``pre``.
 
     ``forget_bias`` is a scalar value name (None: no bias, e.g. BlockLSTMV2); ``clip`` is
-    ``(lo, hi)`` value names (``+-inf`` when ``cell_clip <= 0``) or None; the clip keeps NaN
+    ``(lo, hi)`` value names (``+-inf`` where TF does not clip) or None; the clip keeps NaN
     (:func:`clip_keep_nan`).
     """
     pre_i, pre_f, pre_o = pre["i"], pre["f"], pre["o"]

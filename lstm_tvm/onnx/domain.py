@@ -8,6 +8,8 @@ write IR 14 / opset 28, which onnxruntime 1.31 refuses (it reads at most IR 13, 
 
 Attributes follow TF's: float attributes are ONNX ``FLOAT``, bool attributes are ONNX ``INT``
 (0 or 1), with TF's defaults; a TF attribute without default is a required ONNX attribute.
+``cell_clip`` takes what TF takes and is written as :func:`lstm_tvm.validation.check_cell_clip`
+gives it (0 where TF does not clip: NaN, ``+-inf``, ...).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from onnx import AttributeProto, TensorProto
 
 from ..registry import AttrSpec, OpSpec, get_op
+from ..validation import check_cell_clip
 
 __all__ = [
     "DOMAIN",
@@ -84,6 +87,8 @@ def _convert(op: OpSpec, spec: AttrSpec, value):
             return int(value)
         raise TypeError(f"{op.name}: attribute {spec.name!r} expected a bool (or 0/1), "
                         f"got {value!r}")
+    if spec.name == "cell_clip":  # what TF takes, NaN and +-inf included
+        return check_cell_clip(op, value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{op.name}: attribute {spec.name!r} expected a float, got {value!r}")
     value = float(value)

@@ -24,7 +24,9 @@ that has no kernel. Semantics are TensorFlow's (:mod:`lstm_tvm.reference`):
 Attributes are function attributes with TF's defaults (``forget_bias``, ``cell_clip``,
 ``use_peephole``; ``use_peephole`` is required by the grad ops), read in the body through
 ``Constant`` nodes with ``ref_attr_name``. ``cell_clip`` clips ``cs`` to ``[-c, c]`` with
-``c = cell_clip if cell_clip > 0 else inf`` by compare-and-select (``Greater``/``Less``/``Where``,
+``c = cell_clip if cell_clip >= F32_TINY else inf`` (TF's rule,
+:func:`lstm_tvm.validation.cell_clip_bound`: NaN, ``+-inf``, zero, negative values and float32
+denormals do not clip) by compare-and-select (``Greater``/``Less``/``Where``,
 not ``Clip``, whose NaN behaviour ONNX leaves open): NaN in ``cs`` stays NaN, as in TF and
 lstm_tvm's kernels. ``use_peephole`` selects between two bodies with one
 ``If``: the branch without peephole never reads ``wci, wcf, wco`` (no multiply by zero, so NaN
@@ -48,6 +50,7 @@ import numpy as np
 from onnx import AttributeProto, FunctionProto, helper
 
 from ..registry import OPS, OpSpec, get_op
+from ..validation import F32_TINY
 from . import _lstm_math as lm
 from ._checks import checked_inputs, scalar
 from ._graph import BOOL, F32, I64, INT64_MAX, INT64_MIN, Graph
@@ -73,7 +76,8 @@ class _Ctx:
         self.clip = None
         if "cell_clip" in op.attr_names:
             clip = g.ref_constant("cell_clip", AttributeProto.FLOAT, "cell_clip")
-            active = g.op("Greater", clip, g.const(0.0, np.float32, "zero"))
+            tiny = g.const(F32_TINY, np.float32, "f32_tiny")
+            active = g.op("GreaterOrEqual", clip, tiny)  # False for NaN
             hi = g.op("Where", active, clip, g.const(np.inf, np.float32, "inf"), hint="clip_hi")
             self.clip = (g.op("Neg", hi, hint="clip_lo"), hi)
         flag = g.ref_constant("use_peephole", AttributeProto.INT, "use_peephole")

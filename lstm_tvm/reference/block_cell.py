@@ -16,6 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from .. import registry
+from ..validation import cell_clip_bound
 
 _CELL_FWD = registry.get_op("LSTMBlockCell")
 _CELL_BWD = registry.get_op("LSTMBlockCellGrad")
@@ -79,7 +80,9 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     forget_bias : float
         Added to the forget-gate pre-activation.
     cell_clip : float
-        ``cs`` is clipped to ``[-cell_clip, cell_clip]`` when ``cell_clip > 0``.
+        ``cs`` is clipped to ``[-c, c]``, ``c`` the value as a float32, where TF clips
+        (:func:`lstm_tvm.validation.cell_clip_bound`: when ``c`` is finite and at least the
+        smallest normal float32; NaN, ``+-inf``, zero and negative values do not clip).
     use_peephole : bool
     gate_layout : str or sequence of str
         Order of the gate blocks in the ``4H`` columns (LSTMBlockCell: ``"ICFO"``).
@@ -92,18 +95,21 @@ def lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, *,
     x, cs_prev, h_prev = _f64(x), _f64(cs_prev), _f64(h_prev)
     w, b = _f64(w), _f64(b)
     g = split_gates(np.concatenate([x, h_prev], axis=-1) @ w + b, gate_layout)
-    if use_peephole:
-        wci, wcf, wco = _f64(wci), _f64(wcf), _f64(wco)
-    else:  # never read: NaN/Inf in unused peephole weights must not leak in
-        wci = wcf = wco = np.zeros(cs_prev.shape[-1:], dtype=np.float64)
-    i = _sigmoid(g["i"] + wci * cs_prev)
+
+    def peephole(weight, state):
+        # Without peepholes nothing is multiplied: NaN/Inf in unused weights, or an infinite
+        # cell state times a zero weight, must not leak in.
+        return _f64(weight) * state if use_peephole else 0.0
+
+    i = _sigmoid(g["i"] + peephole(wci, cs_prev))
     ci = np.tanh(g["c"])
-    f = _sigmoid(g["f"] + float(forget_bias) + wcf * cs_prev)
+    f = _sigmoid(g["f"] + float(forget_bias) + peephole(wcf, cs_prev))
     cs = i * ci + f * cs_prev
-    if cell_clip > 0:
-        cs = np.clip(cs, -float(cell_clip), float(cell_clip))
+    bound = cell_clip_bound(cell_clip)
+    if bound is not None:
+        cs = np.clip(cs, -bound, bound)
     co = np.tanh(cs)
-    o = _sigmoid(g["o"] + wco * cs)
+    o = _sigmoid(g["o"] + peephole(wco, cs))
     h = o * co
     return {"i": i, "cs": cs, "f": f, "o": o, "ci": ci, "co": co, "h": h}
 
