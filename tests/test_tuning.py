@@ -71,6 +71,11 @@ def test_tune_command_writes_database_resumes_and_is_applied(schedules):
     result = _tune_cli(args)  # resumes: the task already has its trials
     assert result.returncode == 0, result.stdout + result.stderr
     assert _record_count(folder) == 2
+    more = [*args[:-4], "--trials", "3", "--seed", "1"]  # more than its 2 schedules: said so
+    result = _tune_cli(more)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _record_count(folder) == 2
+    assert "space exhausted after 2 distinct schedules (3 trials asked)" in result.stdout
     spec = build.make_spec("LSTMBlockCell", "float32", 8, 16,
                            {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": False})
     assert [name for name, _, _ in spec.tuned] == ["gates"]
@@ -265,3 +270,61 @@ def test_tuning_a_cuda_target_is_refused_clearly(schedules):
     with pytest.raises(ValueError, match="tuning cuda targets is not supported"):
         tune(["LSTMBlockCell"], target={"kind": "cuda", "arch": "sm_90"}, progress=False)
     assert not schedules.exists()
+
+
+def _distinct_schedules_on_record(folder, task) -> int:
+    """The distinct scheduled modules among ``task``'s records in the database in ``folder``."""
+    import tvm_ffi
+
+    found = set()
+    for record in database.open_database(folder).get_all_tuning_records():
+        if task_mod.task_of(record.workload.mod) == task:
+            sch = Schedule(task_mod.workload(task))
+            record.trace.apply_to_schedule(sch, remove_postproc=True)
+            found.add(tvm_ffi.structural_hash(sch.mod))
+    return len(found)
+
+
+def test_tune_keeps_metaschedule_logs_off_the_console(schedules, tmp_path, monkeypatch, capfd):
+    import logging
+    import re
+
+    from lstm_tvm.tuning import tune
+
+    monkeypatch.setenv("LSTM_TVM_CACHE_DIR", str(tmp_path / "cache"))
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    before = (ms_logger.handlers[:], ms_logger.level, ms_logger.propagate)
+    # two tasks: MetaSchedule's logger set-up for the first sent the second's logs to stdout
+    results = tune(["LSTMBlockCell"], ["float32"], [(1, 8, 16, 16), (1, 5, 8, 16)], trials=1,
+                   seed=0)
+    out, err = capfd.readouterr()
+    assert [r.trials for r in results] == [1, 1]
+    assert out == ""
+    bar = [text for text in re.split(r"[\r\n]+", err) if text.strip()]
+    assert bar and all(re.search(r"\| \d+/2 \[.*trial", text) for text in bar), err
+    logs = "".join(p.read_text() for p in (tmp_path / "cache" / "tuning-logs").glob("*/*.log"))
+    for r in results:
+        assert f'Initializing Task #0: "{r.task.key}"' in logs
+    assert (ms_logger.handlers, ms_logger.level, ms_logger.propagate) == before
+
+
+def test_tune_says_when_a_task_exhausts_its_space(schedules, tmp_path, monkeypatch):
+    from lstm_tvm.tuning import session, tune
+
+    monkeypatch.setenv("LSTM_TVM_CACHE_DIR", str(tmp_path / "cache"))
+    args = (["LSTMBlockCell"], ["float32"], [(1, 5, 8, 16)])
+    # gates 8x64x24: tiles 8x32 and 4x64 (one block of rows or of columns each, so the tile
+    # order changes nothing): 2 distinct schedules, fewer than the 6 trials asked
+    (result,) = tune(*args, trials=6, seed=0, progress=False)
+    assert (result.requested, result.space_size, result.distinct, result.trials) == (6, 2, 2, 2)
+    assert result.exhausted
+    assert _distinct_schedules_on_record(database.database_dir(resolve_target()), result.task) == 2
+    key = result.task.key
+    assert session.exhaustion_report([result]) == [
+        f"{key}: space exhausted after 2 distinct schedules (6 trials asked)",
+        "1 of 1 tasks exhausted their space: they hold fewer distinct schedules than the 6 "
+        "trials asked"]
+    (again,) = tune(*args, trials=6, seed=0, progress=False)  # nothing left to search
+    assert (again.trials, again.distinct, again.exhausted) == (2, 2, True)
+    (fewer,) = tune(*args, trials=2, seed=0, progress=False)
+    assert not fewer.exhausted and session.exhaustion_report([fewer]) == []

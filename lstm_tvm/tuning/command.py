@@ -22,8 +22,9 @@ DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
               help="Comma list of TxBxIxH shapes to tune at (the benchmark's by default).")
 @target_option(kinds=("llvm",), verb="tunes")
 @click.option("--trials", default=32, show_default=True, type=click.IntRange(1),
-              help="Measured candidates each task should have on record (resumes: tasks "
-                   "already in the database are topped up).")
+              help="Distinct measured schedules each task should have on record, at most as "
+                   "many as its tile space holds (resumes: tasks already in the database are "
+                   "topped up).")
 @click.option("--schedules-dir", type=click.Path(file_okay=False),
               help="Root of the databases written (default: the user's records, "
                    "LSTM_TVM_SCHEDULES_DIR or the platform's user data folder; see "
@@ -42,7 +43,7 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     from ..bench import parse_shapes
     from ..cli import _split_choices, format_table
     from .database import database_dir
-    from .session import tune
+    from .session import exhaustion_report, tune
 
     ops = _split_choices(ops_, OPS, "--ops")
     dts = _split_choices(dtypes, DTYPES, "--dtype")
@@ -62,6 +63,8 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
                      "-" if b is None else f"{b.gflops:.1f}", "-" if b is None else b.tile))
     click.echo(format_table(("task", "trials", "best ms", "GFLOP/s", "schedule"), rows,
                             right=(1, 2, 3)))
+    for line in exhaustion_report(results):
+        click.echo(line)
     click.echo(f"{len(results)} tasks, database {database_dir(resolved, schedules_dir)}, "
                f"{time.perf_counter() - start:.0f} s")
 

@@ -4,11 +4,17 @@ Each distinct GEMM task (see :mod:`lstm_tvm.tuning.tasks`) is searched with Meta
 evolutionary strategy and XGBoost cost model over the tile space of
 :mod:`lstm_tvm.tuning.space`; every measured candidate is committed to the target's JSON
 database at once, so an interrupted session loses nothing and the next run tops each task
-up to ``trials`` records instead of starting over.
+up to ``trials`` distinct schedules instead of starting over. A task's space may hold fewer
+schedules than that (:func:`lstm_tvm.tuning.space.space_size`): the session then searches
+all of them, and its result says the space was exhausted.
+
+MetaSchedule's logs go to a folder of the session under ``<cache dir>/tuning-logs/``, never
+to the console (where the progress bar reports).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import tempfile
@@ -20,21 +26,34 @@ from ..build import CELL_GRAD_MATMUL
 from ..registry import OPS, get_op
 from ..validation import validate_attrs
 from . import database
-from .space import space
-from .tasks import Task, tasks_for, workload
+from .space import fingerprint, fingerprints, space, space_size
+from .tasks import Task, task_of, tasks_for, workload
 
-__all__ = ["TaskResult", "collect_tasks", "tune"]
+__all__ = ["TaskResult", "collect_tasks", "exhaustion_report", "tune"]
 
 log = logging.getLogger(__name__)
+
+#: The logger MetaSchedule's modules log under (its children) and configures.
+MS_LOGGER = "tvm.s_tir.meta_schedule"
 
 
 @dataclasses.dataclass
 class TaskResult:
-    """A task after a session: trials on record, best time and tile (None if none ran)."""
+    """A task after a session: trials on record, best time and tile (None if none ran), the
+    trials asked for, how many distinct schedules its space holds and how many are on record."""
 
     task: Task
     trials: int
     best: database.Best | None
+    requested: int = 0
+    space_size: int = 0
+    distinct: int = 0
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether more trials were asked for than the space holds and every schedule of the
+        space is on record: the search had no new candidate left."""
+        return self.requested > self.space_size and self.distinct >= self.space_size
 
 
 def collect_tasks(ops, dtypes, shapes) -> list[Task]:
@@ -62,9 +81,10 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
          seed: int | None = None) -> list[TaskResult]:
     """Tune the GEMM tiles of ``ops`` for ``target``; returns one :class:`TaskResult` per task.
 
-    ``trials`` is the number of measured candidates each task should have on record in
-    the database (``schedules/<target key>/`` unless ``root`` is given); tasks already there
-    are topped up, not restarted.
+    ``trials`` is the number of distinct measured schedules each task should have on record in
+    the database (``schedules/<target key>/`` unless ``root`` is given), or all of its space's
+    if that holds fewer (:attr:`TaskResult.exhausted`); tasks already there are topped up, not
+    restarted.
     """
     target = resolve_target(target)
     if str(target.kind.name) != "llvm":
@@ -74,47 +94,127 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     folder = database.database_dir(target, root)
     db = database.open_database(folder, create=True)
     tasks = collect_tasks(ops, dtypes, shapes)
-    done = database.trial_counts(target, root)
-    todo = [(t, trials - done.get(t, 0)) for t in tasks if trials - done.get(t, 0) > 0]
+    done = _distinct_on_record(db, target, tasks)
+    todo = [(t, n) for t in tasks if (n := _goal(t, trials) - done[t]) > 0]
     if todo:
         _search(todo, len(tasks), target, db, progress, seed)
     best = database.best_by_task(target, root)
     counts = database.trial_counts(target, root)
-    return [TaskResult(t, counts.get(t, 0), best.get(t)) for t in tasks]
+    done = _distinct_on_record(db, target, tasks)
+    results = [TaskResult(t, counts.get(t, 0), best.get(t), trials, space_size(t), done[t])
+               for t in tasks]
+    for line in exhaustion_report(results):
+        log.info("%s", line)
+    return results
+
+
+def _goal(task: Task, trials: int) -> int:
+    """The distinct schedules ``task`` should have on record: ``trials``, at most its space."""
+    size = space_size(task)
+    if trials > size:
+        log.info("%s: its space holds %d distinct schedules, fewer than the %d trials asked; "
+                 "searching all of them", task.key, size, trials)
+    return min(trials, size)
+
+
+def _distinct_on_record(db, target, tasks) -> dict[Task, int]:
+    """How many distinct schedules of each task's space (see
+    :func:`lstm_tvm.tuning.space.fingerprint`) ``db`` holds records of, measured on ``target``'s
+    machine."""
+    key = database.target_key(target)
+    seen: dict[Task, set[int]] = {t: set() for t in tasks}
+    for record in db.get_all_tuning_records():
+        task = task_of(record.workload.mod)
+        same_machine = record.target is not None and database.target_key(record.target) == key
+        if task in seen and same_machine:
+            seen[task].add(_fingerprint(task, record.trace))
+    return {t: len(found & fingerprints(t)) for t, found in seen.items()}
+
+
+def _fingerprint(task: Task, trace) -> int | None:
+    try:
+        return fingerprint(task, trace)
+    except Exception:  # noqa: BLE001 (a record of an older space, which no longer replays)
+        return None
+
+
+def exhaustion_report(results: list[TaskResult]) -> list[str]:
+    """Lines saying which tasks exhausted their space before the trials asked, and how many
+    did (nothing if none did)."""
+    ran_out = [r for r in results if r.exhausted]
+    if not ran_out:
+        return []
+    lines = [f"{r.task.key}: space exhausted after {r.distinct} distinct "
+             f"schedule{'' if r.distinct == 1 else 's'} ({r.requested} trials asked)"
+             for r in ran_out]
+    return lines + [f"{len(ran_out)} of {len(results)} tasks exhausted their space: "
+                    f"they hold fewer distinct schedules than the {ran_out[0].requested} "
+                    f"trials asked"]
 
 
 def _search(todo, n_tasks, target, db, progress, seed) -> None:
-    from tvm.s_tir import meta_schedule as ms
-
-    # MetaSchedule's console handler takes this logger's level (DEBUG if unset); its files
-    # keep everything. The progress bar is the console's report.
-    logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
-    bar = _progress(sum(n for _, n in todo), n_tasks, progress)
     logs = Path(tempfile.mkdtemp(prefix="tune-", dir=_log_root()))
-    builder = _in_process_builder()
-    runner = ms.runner.LocalRunner(timeout_sec=120.0, evaluator_config=ms.runner.EvaluatorConfig(
-        number=3, repeat=5, min_repeat_ms=20, enable_cpu_cache_flush=False))
-    try:
+    log.info("MetaSchedule's logs: %s", logs)
+    bar = _progress(sum(n for _, n in todo), n_tasks, progress)
+    with _logs_to(logs / "meta_schedule.log"), contextlib.closing(bar):
+        tools = dict(builder=_in_process_builder(), runner=_local_runner(), database=db,
+                     work_dir=str(logs))
         for i, (task, count) in enumerate(todo):
             bar.set_description(f"[{i + 1}/{len(todo)}] {task.key}")
-            ctx = ms.TuneContext(mod=workload(task), target=target, space_generator=space(task),
-                                 search_strategy="evolutionary", task_name=task.key,
-                                 rand_state=-1 if seed is None else seed + i,
-                                 num_threads="physical", logger=_task_logger(logs, i))
-            ms.tune.tune_tasks(
-                tasks=[ctx], task_weights=[1.0], work_dir=str(logs),
-                max_trials_global=count, num_trials_per_iter=min(count, 16),
-                database=db, task_scheduler="round-robin", builder=builder, runner=runner,
-                measure_callbacks=[*ms.MeasureCallback.create("default"),
-                                   _progress_callback()(bar)])
+            name = f"task_{i:03d}"
+            with _logs_to(logs / f"{name}.log", f"{MS_LOGGER}.lstm_tvm.{name}") as task_log:
+                _search_task(task, count, target, None if seed is None else seed + i,
+                             task_log, bar, tools)
+
+
+def _search_task(task, count, target, seed, logger, bar, tools) -> None:
+    from tvm.s_tir import meta_schedule as ms
+
+    ctx = ms.TuneContext(mod=workload(task), target=target, space_generator=space(task),
+                         search_strategy="evolutionary", task_name=task.key,
+                         rand_state=-1 if seed is None else seed, num_threads="physical",
+                         logger=logger)
+    ms.tune.tune_tasks(tasks=[ctx], task_weights=[1.0], max_trials_global=count,
+                       num_trials_per_iter=min(count, 16), task_scheduler="round-robin",
+                       measure_callbacks=[*ms.MeasureCallback.create("default"),
+                                          _progress_callback()(bar)], **tools)
+
+
+def _local_runner():
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
+
+    return LocalRunner(timeout_sec=120.0, evaluator_config=EvaluatorConfig(
+        number=3, repeat=5, min_repeat_ms=20, enable_cpu_cache_flush=False))
+
+
+@contextlib.contextmanager
+def _logs_to(path: Path, name: str = MS_LOGGER):
+    """Logger ``name`` writing everything to the file ``path`` only, for the block's duration
+    (its handlers, level and propagation restored after).
+
+    MetaSchedule's own set-up (``get_loggers_from_work_dir``) is not used: it gives
+    MetaSchedule's logger a stdout handler at that logger's level and then sets the level to
+    DEBUG, so the next task's set-up printed all of MetaSchedule's logs on the console.
+    """
+    logger = logging.getLogger(name)
+    saved = logger.handlers[:], logger.level, logger.propagate
+    handler = logging.FileHandler(path, mode="a", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(message)s",
+                                           "%Y-%m-%d %H:%M:%S"))
+    for old in saved[0]:
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    try:
+        yield logger
     finally:
-        bar.close()
-
-
-def _task_logger(logs: Path, index: int):
-    from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
-
-    return get_loggers_from_work_dir(str(logs), [f"task_{index:03d}"])[0]
+        logger.removeHandler(handler)
+        handler.close()
+        for old in saved[0]:
+            logger.addHandler(old)
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
 
 
 def _log_root() -> Path:

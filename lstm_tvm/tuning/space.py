@@ -6,15 +6,23 @@ order); within a design, the tile sizes are ``SampleCategorical`` random variabl
 directly as split factors. A tuning record's trace is therefore a complete, replayable
 schedule of the block: split factors never name the extents they split, so the same trace
 schedules the same-named block of a kernel whose ``T`` and ``B`` are symbolic.
+
+The space is small and enumerable (:func:`space_size`): a search asked for more trials than
+it holds runs out of new candidates.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
+
+from .._tvm import Schedule
 from ..kernels._builder import PANEL, ROW_TILE
 from ..schedule.rules import ACCUMULATORS, GemmTile, apply_gemm
-from .tasks import Task
+from .tasks import Task, workload
 
-__all__ = ["choices", "describe", "designs", "space", "tiles"]
+__all__ = ["choices", "describe", "designs", "fingerprint", "fingerprints", "space", "space_size",
+           "tiles"]
 
 
 def choices(task: Task) -> dict[str, list[int]]:
@@ -80,6 +88,46 @@ def space(task: Task):
 
     return ScheduleFn(lambda sch: designs(task, sch), sch_rules=[], postprocs=[],
                       mutator_probs={})
+
+
+def space_size(task: Task) -> int:
+    """How many distinct schedules ``task``'s space holds: every design with every combination
+    of its sampled sizes, told apart as MetaSchedule does (by the scheduled module, so that the
+    two tile orders of a tile with a single block of rows or columns are one schedule)."""
+    return len(fingerprints(task))
+
+
+@functools.lru_cache(maxsize=256)
+def fingerprints(task: Task) -> frozenset[int]:
+    """The :func:`fingerprint` of every schedule in ``task``'s space."""
+    return frozenset(fingerprint(task, trace) for trace in _traces(task))
+
+
+def fingerprint(task: Task, trace) -> int:
+    """The structural hash of ``task``'s workload scheduled by ``trace``: equal for traces that
+    make the same schedule (MetaSchedule measures each such module once per search)."""
+    import tvm_ffi
+
+    sch = Schedule(_workload(task))
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    return tvm_ffi.structural_hash(sch.mod)
+
+
+def _traces(task: Task):
+    """Every trace of ``task``'s space: each design with each choice of its sampled sizes."""
+    for design in designs(task, Schedule(_workload(task))):
+        trace = design.trace
+        samples = [inst for inst in trace.insts if inst.kind.name == "SampleCategorical"]
+        for picks in itertools.product(*(range(len(inst.attrs[0])) for inst in samples)):
+            chosen = trace
+            for inst, pick in zip(samples, picks):
+                chosen = chosen.with_decision(inst, pick, remove_postproc=True)
+            yield chosen
+
+
+@functools.lru_cache(maxsize=256)
+def _workload(task: Task):
+    return workload(task)
 
 
 def describe(trace) -> str:
