@@ -87,13 +87,16 @@ def assert_close(actual, expected, dtype, name: str, *, scale: float | None = No
     assert act.shape == exp.shape, f"{name}: shape {act.shape} != expected {exp.shape}"
     rtol, atol = tol if tol is not None else tolerance(dtype)
     where = np.ones(exp.shape, dtype=bool) if mask is None else np.broadcast_to(mask, exp.shape)
+    finite = np.isfinite(exp)
     if scale is None:
-        scale = max(1.0, float(np.abs(np.where(where, exp, 0.0)).max(initial=0.0)))
+        scale = max(1.0, float(np.abs(np.where(where & finite, exp, 0.0)).max(initial=0.0)))
     with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf garbage outside the mask
         err = np.where(where, np.abs(act - exp), 0.0)
-    err[where & ~(act == exp) & ~(np.isfinite(act) & np.isfinite(exp))] = np.inf  # NaN, Inf
-    with np.errstate(invalid="ignore", over="ignore"):
         bound = np.where(where, atol * scale + rtol * np.abs(exp), np.inf)
+    # a non-finite value on either side must be matched exactly (NaN by NaN, inf by inf)
+    err[where & ~(act == exp) & ~(np.isfinite(act) & finite)] = np.inf
+    err[where & np.isnan(act) & np.isnan(exp)] = 0.0
+    bound[where & ~finite] = 0.0
     bad = err > bound
     if bad.any():
         at = np.unravel_index(np.argmax(np.where(bad, err - bound, -np.inf)), exp.shape)
