@@ -185,8 +185,8 @@ def test_a_cpu_without_records_borrows_those_of_its_isa(schedules, tmp_path, mon
     _commit_sampled_records(database.open_database(shipped / database.target_key(donor), True),
                             donor, task_list, 0)
     full_attrs = validation.validate_attrs(registry.get_op("BlockLSTM"), {"use_peephole": False})
-    for mcpu, borrows in (("icelake-server", True), ("znver4", True), ("haswell", False),
-                          ("x86-64", False)):
+    for mcpu, borrows in (("icelake-server", True), ("sapphirerapids", True), ("znver4", False),
+                          ("haswell", False), ("x86-64-v4", False), ("x86-64", False)):
         target = _x86(mcpu)
         found = database.sources(target)
         assert [(s.key, s.borrowed) for s in found] == ([("llvm-skylake-avx512", True)]
@@ -200,9 +200,10 @@ def test_a_cpu_without_records_borrows_those_of_its_isa(schedules, tmp_path, mon
     shown = CliRunner().invoke(cli.main, ["schedules", "--target", json.dumps(
         {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "icelake-server"})])
     assert shown.exit_code == 0, shown.output
-    assert "target: llvm-icelake-server (x86_64 avx512f)" in shown.output
-    row = ["shipped", "llvm-skylake-avx512", "x86_64", "avx512f", str(len(task_list)), "yes"]
-    assert any(line.split()[:6] == row for line in shown.output.splitlines()), shown.output
+    assert "target: llvm-icelake-server (x86_64 avx512f intel)" in shown.output
+    row = ["shipped", "llvm-skylake-avx512", "x86_64", "avx512f", "intel", str(len(task_list)),
+           "yes"]
+    assert any(line.split()[:7] == row for line in shown.output.splitlines()), shown.output
     assert shown.output.splitlines()[-1] == (
         f"uses: borrowed from llvm-skylake-avx512 (same ISA), shipped records in "
         f"{shipped / 'llvm-skylake-avx512'}")
