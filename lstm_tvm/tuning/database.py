@@ -115,8 +115,12 @@ def sources(target) -> tuple[Source, ...]:
     """The databases ``target``'s kernels take their records from, in order of preference:
     its own key's (user's, then shipped); without any, the first compatible CPU's by key
     name (user's root first); else none."""
-    roots = tuple((origin, root, _mtime(root)) for origin, root in env.schedule_roots())
-    return _sources(str(target), roots)
+    key, roots = target_key(target), env.schedule_roots()
+    own = tuple(Source(origin, root / key, key) for origin, root in roots
+                if (root / key / RECORD_FILE).is_file())
+    if own or str(target.kind.name) != "llvm":
+        return own
+    return _borrowed(str(target), tuple((o, root, _mtime(root)) for o, root in roots))
 
 
 def _mtime(path: Path):
@@ -127,23 +131,25 @@ def _mtime(path: Path):
 
 
 @functools.lru_cache(maxsize=64)
-def _sources(target_json: str, roots: tuple) -> tuple[Source, ...]:
-    """:func:`sources`, cached by the roots' mtimes (a new key folder changes its root's), each
-    record file's own state being read by :func:`stamp`."""
+def _borrowed(target_json: str, roots: tuple) -> tuple[Source, ...]:
+    """The database a CPU target without records of its own borrows (see :func:`sources`),
+    cached by the roots' mtimes (a new key folder changes its root's)."""
     from .._tvm import tvm
 
     target = tvm.target.Target(json.loads(target_json))
-    key = target_key(target)
-    own = tuple(Source(origin, root / key, key) for origin, root, _ in roots
-                if (root / key / RECORD_FILE).is_file())
-    if own or str(target.kind.name) != "llvm":
-        return own
-    for origin, root, mtime in roots:
-        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if mtime else ():
+    for origin, root, _ in roots:
+        for folder in _database_folders(root):
             other = _recorded_target(_stamp(folder))
             if other is not None and compatible(target, other):
                 return (Source(origin, folder, folder.name, borrowed=True),)
     return ()
+
+
+def _database_folders(root: Path) -> list[Path]:
+    """The key folders under ``root`` holding a record file, by name."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if (p / RECORD_FILE).is_file())
 
 
 def describe_use(target) -> str:
@@ -158,10 +164,9 @@ def databases() -> list[tuple[str, Path, str]]:
     """Every database on the lookup roots: ``(origin, folder, ISA class or "?")``."""
     rows = []
     for origin, root in env.schedule_roots():
-        for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
-            if (folder / RECORD_FILE).is_file():
-                other = _recorded_target(_stamp(folder))
-                rows.append((origin, folder, "?" if other is None else isa_class(other)))
+        for folder in _database_folders(root):
+            other = _recorded_target(_stamp(folder))
+            rows.append((origin, folder, "?" if other is None else isa_class(other)))
     return rows
 
 
