@@ -37,25 +37,13 @@ import click
 import numpy as np
 
 from . import bench_peers as peers
+from ._cli_common import format_table, parse_shapes, split_choices
 from .registry import DTYPES, forget_bias_of, get_op
 
 __all__ = ["command", "main", "run", "parse_shapes", "case_ops", "case_flops", "case_bytes"]
 
 DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
 PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "numpy": "roofline"}
-
-
-def parse_shapes(text: str) -> list[tuple[int, int, int, int]]:
-    """``"32x16x128x128,64x32x256x256"`` -> ``[(32, 16, 128, 128), ...]`` (T, B, I, H)."""
-    shapes = []
-    for part in (p.strip() for p in text.split(",") if p.strip()):
-        dims = part.lower().split("x")
-        if len(dims) != 4 or not all(d.isdigit() and int(d) > 0 for d in dims):
-            raise ValueError(f"shape {part!r}: expected TxBxIxH with positive ints, e.g. 4x2x8x8")
-        shapes.append(tuple(int(d) for d in dims))
-    if not shapes:
-        raise ValueError("no shape given")
-    return shapes
 
 
 def case_ops(case: str, v2: bool = False) -> tuple[str, ...]:
@@ -256,7 +244,6 @@ def _num(value, spec: str) -> str:
 
 def render(report: dict) -> str:
     """The header lines, the table and the notes, as printed."""
-    from .cli import format_table
 
     meta, rows = report["meta"], report["results"]
     m, v = meta["machine"], meta["versions"]
@@ -286,12 +273,6 @@ def render(report: dict) -> str:
 
 
 # --- command ------------------------------------------------------------------------------------
-
-def _choices(value: str, allowed, option: str) -> list[str]:
-    from .cli import _split_choices
-
-    return _split_choices(value, allowed, option)
-
 
 @click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--shapes", default=",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES),
@@ -328,8 +309,8 @@ def command(shapes, only, cases, json_path, **opts):
         opts["shapes"] = parse_shapes(shapes)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shapes") from None
-    opts["only"] = _choices(only, peers.IMPLS, "--only")
-    opts["cases"] = _choices(cases, peers.CASES, "--cases")
+    opts["only"] = split_choices(only, peers.IMPLS, "--only")
+    opts["cases"] = split_choices(cases, peers.CASES, "--cases")
     report = run(opts)
     click.echo(render(report))
     if json_path is not None:

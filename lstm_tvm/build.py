@@ -24,8 +24,7 @@ from filelock import FileLock
 
 from . import env
 from ._tvm import build_scope, resolve_target, target_key, tvm
-from .kernels import BUILDERS, cell_grad_matmul
-from .registry import get_op
+from .kernels import CELL_GRAD_MATMUL, kernel_func  # noqa: F401  (CELL_GRAD_MATMUL: make_spec's op name for the matmul)
 from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
@@ -44,10 +43,6 @@ def _source_digest() -> str:
 
 #: Identifies the code generator; part of every cache key.
 KERNEL_VERSION = _source_digest()
-
-#: Pseudo-op name of the cell-gradient matmul helper (not a TF op).
-CELL_GRAD_MATMUL = "CellGradMatmul"
-
 
 @dataclasses.dataclass(frozen=True)
 class BuildSpec:
@@ -113,13 +108,6 @@ def _gemm_blocks(op, dtype, input_size, cell_size, attrs) -> tuple:
     from .tuning.tasks import kernel_gemms
 
     return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs)))
-
-
-def kernel_func(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
-    """The unscheduled PrimFunc of ``op`` (a TF op name or :data:`CELL_GRAD_MATMUL`)."""
-    if op == CELL_GRAD_MATMUL:
-        return cell_grad_matmul(dtype, input_size, cell_size)
-    return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
 
 
 def primfunc(spec: BuildSpec, failures: list | None = None):

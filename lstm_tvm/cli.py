@@ -23,7 +23,7 @@ import numpy as np
 
 from . import __version__, env, reference, testing
 from . import build as _build
-from ._options import target_option
+from ._cli_common import format_table, split_choices, target_option
 from ._tvm import device_exists, missing_device_error, resolve_target
 from .api import compile as _compile
 from .registry import DTYPES, OPS
@@ -33,23 +33,6 @@ __all__ = ["main", "op_table_markdown", "format_table"]
 
 
 # --- formatting ---------------------------------------------------------------------------------
-
-def format_table(headers, rows, right=()) -> str:
-    """Plain fixed-width text: a header, a rule and one line per row (cells are ``str()``-ed).
-
-    ``right`` holds the indices of right-aligned (numeric) columns.
-    """
-    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[k]) for r in cells) for k in range(len(headers))]
-
-    def line(row):
-        parts = [c.rjust(w) if k in right else c.ljust(w)
-                 for k, (c, w) in enumerate(zip(row, widths))]
-        return "  ".join(parts).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
-
 
 def _attr_text(op) -> str:
     return ", ".join(f"{a.name} (required)" if a.required else f"{a.name}={a.default!r}"
@@ -189,15 +172,6 @@ def _fresh_cache(enabled: bool):
 
 # --- commands -----------------------------------------------------------------------------------
 
-def _split_choices(value: str, allowed, option: str) -> list[str]:
-    items = [s.strip() for s in value.split(",") if s.strip()]
-    bad = [s for s in items if s not in allowed]
-    if bad or not items:
-        raise click.BadParameter(f"unknown {bad or [value]}; expected a comma list of "
-                                 f"{list(allowed)}", param_hint=option)
-    return list(dict.fromkeys(items))
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="lstm-tvm")
 def main():
@@ -234,8 +208,8 @@ def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
     Without the target's device (--target cuda on a machine without a GPU) each case is only
     compiled and reported as SKIP. Exits with status 1 if any case fails.
     """
-    ops = _split_choices(ops_, OPS, "--ops")
-    dts = _split_choices(dtypes, DTYPES, "--dtype")
+    ops = split_choices(ops_, OPS, "--ops")
+    dts = split_choices(dtypes, DTYPES, "--dtype")
     peeps = {"off": [False], "on": [True], "both": [False, True]}[peephole]
     cases = [(o, d, p) for o in ops for d in dts for p in peeps]
     from tqdm import tqdm
@@ -312,7 +286,7 @@ def export_cmd(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **op
     attrs.update({k: v for k, v in (("forget_bias", forget_bias), ("cell_clip", cell_clip))
                   if v is not None})
     try:
-        manifest = export(output, _split_choices(ops_, OPS, "--ops"), attrs=attrs,
+        manifest = export(output, split_choices(ops_, OPS, "--ops"), attrs=attrs,
                           onnx=not no_onnx, **opts)
     except (TypeError, ValueError) as err:
         raise click.ClickException(str(err)) from None
@@ -356,7 +330,7 @@ def cache_clear():
 
 # --- bench (lstm_tvm.bench) ---------------------------------------------------------------------
 
-from .bench import command as _bench_command  # noqa: E402  (bench imports cli's helpers lazily)
+from .bench import command as _bench_command  # noqa: E402
 
 main.add_command(_bench_command, "bench")
 

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .._options import target_option
+from .._cli_common import format_table, parse_shapes, split_choices, target_option
 from .._tvm import resolve_target
 from ..registry import DTYPES, OPS
 
@@ -40,13 +40,11 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     of the same target, input and cell size, whatever T and B.
     """
     resolved = resolve_target(target)
-    from ..bench import parse_shapes
-    from ..cli import _split_choices, format_table
     from .database import database_dir
     from .session import exhaustion_report, tune
 
-    ops = _split_choices(ops_, OPS, "--ops")
-    dts = _split_choices(dtypes, DTYPES, "--dtype")
+    ops = split_choices(ops_, OPS, "--ops")
+    dts = split_choices(dtypes, DTYPES, "--dtype")
     try:
         shape_list = parse_shapes(shapes)
     except ValueError as exc:
@@ -80,7 +78,6 @@ def schedules_command(target):
     architecture and vector extension.
     """
     from .. import env
-    from ..cli import format_table
     from . import database
 
     resolved = resolve_target(target)

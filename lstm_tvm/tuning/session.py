@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .. import env
 from .._tvm import configure_threads, resolve_target
-from ..build import CELL_GRAD_MATMUL
+from ..kernels import CELL_GRAD_MATMUL
 from ..registry import OPS, get_op
 from ..validation import validate_attrs
 from . import database

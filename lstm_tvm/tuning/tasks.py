@@ -13,7 +13,7 @@ import json
 
 from .._tvm import TB as T
 from .._tvm import IRBuilder, tirx, tvm
-from ..build import kernel_func
+from ..kernels import kernel_func
 from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes,
                                gemm)
 from ..kernels._gates import f32
