@@ -15,16 +15,15 @@ import functools
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import threading
 from pathlib import Path
 
 from filelock import FileLock
 
 from . import env
+from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
-from .kernels import CELL_GRAD_MATMUL, kernel_func  # noqa: F401  (CELL_GRAD_MATMUL: make_spec's op name for the matmul)
+from .kernels import CELL_GRAD_MATMUL, kernel_func  # noqa: F401  (re-exported)
 from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
@@ -164,17 +163,12 @@ def _load_or_build(spec: BuildSpec):
         log.info("lstm_tvm: compiling %s %s I=%d H=%d", spec.op, spec.dtype,
                  spec.input_size, spec.cell_size)
         executable = build(spec)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-        os.close(fd)
-        try:
-            executable.export_library(tmp)
+        with atomic_path(path) as tmp:
+            executable.export_library(str(tmp))
             digest = _file_sha256(tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-        _meta_path(path).write_text(json.dumps(
-            {"spec": dataclasses.asdict(spec), "sha256": digest, "tvm": tvm.__version__}))
+        with atomic_path(_meta_path(path)) as tmp:
+            tmp.write_text(json.dumps(
+                {"spec": dataclasses.asdict(spec), "sha256": digest, "tvm": tvm.__version__}))
         return tvm.runtime.load_module(str(path))
 
 

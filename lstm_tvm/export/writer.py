@@ -7,11 +7,11 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import build as _build
+from .._files import atomic_path
 from .._tvm import resolve_target, tvm
 from ..registry import DTYPES, OPS
 from ..validation import validate_attrs
@@ -106,16 +106,10 @@ def _specs(ops, target, dtype, input_size, cell_size, attrs: dict) -> list[_buil
 
 def _export_library(executable, path: Path) -> str:
     """``export_library`` to a temporary file renamed to ``path``; returns its SHA-256."""
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-    os.close(fd)
-    try:
-        executable.export_library(tmp)
-        sha256 = hashlib.sha256(Path(tmp).read_bytes()).hexdigest()
+    with atomic_path(path) as tmp:
+        executable.export_library(str(tmp))
+        sha256 = hashlib.sha256(tmp.read_bytes()).hexdigest()
         os.chmod(tmp, 0o755)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return sha256
 
 

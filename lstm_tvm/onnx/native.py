@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import env
+from .._files import atomic_path
 from .domain import DOMAIN
 
 __all__ = [
@@ -168,17 +169,11 @@ def build_library(output=None, *, source=SOURCE) -> Path:
             return output
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=output.parent)
-    os.close(fd)
-    try:
+    with atomic_path(output) as tmp:
         cmd = build_command(tmp, source=source)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"build_library: {' '.join(cmd)}\n{proc.stderr[-4000:]}")
-        os.replace(tmp, output)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return output
 
 
