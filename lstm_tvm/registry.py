@@ -21,6 +21,9 @@ DTYPES = ("float32", "float16")
 #: ``i`` input gate, ``c`` cell input (``ci``), ``f`` forget gate, ``o`` output gate.
 GATE_LAYOUTS = {"ICFO": ("i", "c", "f", "o"), "IFCO": ("i", "f", "c", "o")}
 
+#: The size symbols: every other dim is an expression of them (see :func:`eval_dim`).
+SIZES = ("T", "B", "I", "H")
+
 #: Dimension expressions allowed in shapes, and how to evaluate them from the size symbols.
 _DIM_EVAL = {
     "T": lambda s: s["T"],
@@ -116,6 +119,18 @@ class OpSpec:
 
     def attr(self, name: str) -> AttrSpec:
         return _lookup(self.attrs, name, f"{self.name} attribute")
+
+    @property
+    def size_sources(self) -> dict[str, tuple[str, int]]:
+        """Where each size symbol (``T``, ``B``, ``I``, ``H``) of the op is read: ``(input name,
+        axis)`` of the first input whose shape has it (``x`` gives ``T``, ``B``, ``I``;
+        ``cs_prev`` gives ``H``); every other dim is checked against them."""
+        sources: dict[str, tuple[str, int]] = {}
+        for spec in self.inputs:
+            for axis, sym in enumerate(spec.shape):
+                if sym in SIZES:
+                    sources.setdefault(sym, (spec.name, axis))
+        return sources
 
     def defaults(self) -> dict[str, float | bool]:
         """TF's default for every optional attribute."""

@@ -70,9 +70,6 @@ MAX_ELEMENTS = 2**31
 #: ``cell_clip`` below it compares as 0 there: no clipping.
 F32_TINY = float(np.finfo(np.float32).tiny)
 
-#: Which input each size symbol is read from: (input name, dim index).
-SIZE_SOURCES = {"T": ("x", -3), "B": ("x", -2), "I": ("x", -1), "H": ("cs_prev", 1)}
-
 
 @dataclasses.dataclass(frozen=True)
 class Signature:
@@ -322,11 +319,11 @@ def _int_scalar(op: OpSpec, name: str, value) -> int:
 
 def _infer_sizes(op: OpSpec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
     """Rule 5: ``T, B, I`` from ``x``, ``H`` from ``cs_prev``; ``I, H >= 1``."""
-    symbols = ("T", "B", "I", "H") if op.kind == "sequence" else ("B", "I", "H")
-    sizes = {s: shapes[SIZE_SOURCES[s][0]][SIZE_SOURCES[s][1]] for s in symbols}
+    sources = op.size_sources
+    sizes = {s: shapes[name][axis] for s, (name, axis) in sources.items()}
     for symbol, what in (("I", "input size"), ("H", "cell size")):
         if sizes[symbol] < 1:
-            source = SIZE_SOURCES[symbol][0]
+            source = sources[symbol][0]
             raise ValueError(f"{op.name}: {what} {symbol} must be >= 1, got {symbol} = "
                              f"{sizes[symbol]} from input '{source}' of shape {shapes[source]}")
     return sizes

@@ -21,7 +21,6 @@ from hypothesis import strategies as st
 from lstm_tvm.registry import OPS
 from lstm_tvm.validation import (
     MAX_ELEMENTS,
-    SIZE_SOURCES,
     Signature,
     expected_output_shapes,
     validate_attrs,
@@ -217,7 +216,14 @@ def _non_source_dims():
     """(op, input, dim) for every dim not read as a size: all but x's dims and cs_prev's H."""
     return [(n, name, d) for n, name in FLOAT_INPUTS
             for d in range(len(OPS[n].input(name).shape))
-            if name != "x" and (name, d) != (SIZE_SOURCES["H"][0], SIZE_SOURCES["H"][1])]
+            if name != "x" and (name, d) != ("cs_prev", 1)]
+
+
+@pytest.mark.parametrize("op_name", list(OPS))
+def test_sizes_are_read_from_x_and_cs_prev(op_name):
+    op = OPS[op_name]
+    x_axes = {"T": 0, "B": 1, "I": 2} if op.kind == "sequence" else {"B": 0, "I": 1}
+    assert op.size_sources == {**{s: ("x", a) for s, a in x_axes.items()}, "H": ("cs_prev", 1)}
 
 
 @pytest.mark.parametrize("delta", [-1, 1])

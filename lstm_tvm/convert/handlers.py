@@ -31,14 +31,14 @@ import logging
 from onnx import TensorProto, helper
 
 from ..onnx.domain import DOMAIN, onnx_attrs
-from ..registry import OPS, OpSpec, TensorSpec, eval_dim
+from ..registry import OPS, SIZES, OpSpec, TensorSpec, eval_dim
 
 __all__ = ["ConversionError", "GradientFix", "Handlers"]
 
 log = logging.getLogger("lstm_tvm.convert")
 
 _FLOAT_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16"}
-_SYMBOLS = ("T", "B", "I", "H")
+
 _FORWARD_OUTPUTS = OPS["BlockLSTMV2"].output_names
 
 
@@ -100,7 +100,7 @@ class _Node:
 
     def sizes(self) -> dict[str, int]:
         """``T, B, I, H`` read from the static input shapes (-1 where unknown), all checked."""
-        sizes = {s: -1 for s in _SYMBOLS}
+        sizes = {s: -1 for s in SIZES}
         seen: dict[str, str] = {}
         derived = []
         for spec in self.op.inputs:

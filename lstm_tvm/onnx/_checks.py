@@ -48,12 +48,10 @@ def checked_inputs(g: Graph, op: OpSpec, use_peephole: str) -> tuple[str, str | 
     ``use_peephole`` is the int64 attribute value (a 0-d tensor): it must be 0 or 1. The float
     type of ``x`` must be float32 or float16 (:func:`_dtype_check`; a type error when
     onnxruntime creates the session)."""
-    x_spec = op.input("x")
-    sizes = {sym: g.dim("x", axis) for axis, sym in enumerate(x_spec.shape)}
-    sizes["H"] = g.dim("cs_prev", 1)
+    sizes = {sym: g.dim(name, axis) for sym, (name, axis) in op.size_sources.items()}
     sizes["4H"] = g.op("Mul", sizes["H"], g.const([4]), hint="dim_4H")
     sizes["I+H"] = g.add(sizes["I"], sizes["H"])
-    sources = {("x", axis) for axis in range(len(x_spec.shape))} | {("cs_prev", 1)}
+    sources = set(op.size_sources.values())
     parts = [g.op("Shape", "cs_prev", hint="cs_prev_shape"), g.const([0])]
     if op.kind == "sequence":
         given = g.op("Reshape", "seq_len_max", g.const([1]), hint="n_given")

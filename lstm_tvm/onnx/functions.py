@@ -166,10 +166,9 @@ class _Seq:
 
     def __init__(self, c: _Ctx):
         g = self.g = c.g
-        self.T, self.B = g.dim("x", 0), g.dim("x", 1)
+        self.T, self.B, self.I, self.H = (g.dim(*c.op.size_sources[s]) for s in "TBIH")
         self.n1 = c.n1  # seq_len_max, checked to lie in 0..T (see _checks)
         self.n = scalar(g, self.n1)
-        self.I, self.H = g.dim("x", 2), g.dim("cs_prev", 1)
         w, zero = c.f32("w"), g.const([0])
         self.wx = g.slice(w, zero, self.I, axis=0)
         self.wh = g.slice(w, self.I, g.const([INT64_MAX]), axis=0)

@@ -120,7 +120,8 @@ def _static_sizes(op: OpSpec, tensors: dict, label: str) -> dict:
         sizes["H"] = found["H"][0] if "H" in found else found["4H"][0] // 4
     if "I" in found or ("I+H" in found and "H" in sizes):
         sizes["I"] = found["I"][0] if "I" in found else found["I+H"][0] - sizes["H"]
-    for sym, source in (("I", "x"), ("H", "cs_prev")):
+    for sym in ("I", "H"):
+        source = op.size_sources[sym][0]
         if sizes.get(sym, 0) < 1:
             raise ValueError(f"{label}: the {'input' if sym == 'I' else 'cell'} size {sym} must "
                              f"be static (it is compiled into the kernel): give input "
