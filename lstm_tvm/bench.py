@@ -1,4 +1,5 @@
-"""``lstm-tvm bench``: lstm_tvm against TF 2.21, PyTorch and a NumPy GEMM roofline, one table.
+"""The benchmark behind ``lstm-tvm bench`` (:mod:`lstm_tvm.cli.bench`): lstm_tvm against TF
+2.21, PyTorch and a NumPy GEMM roofline, one table.
 
 For each shape ``(T, B, I, H)`` and case (sequence forward and backward, cell forward, cell
 backward with and without the matmul part) it times every implementation on inputs made
@@ -33,14 +34,13 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-import click
 import numpy as np
 
 from . import bench_peers as peers
-from ._cli_common import format_table, parse_shapes, split_choices
-from .registry import DTYPES, forget_bias_of, get_op
+from ._cli_common import format_table, parse_shapes
+from .registry import forget_bias_of, get_op
 
-__all__ = ["command", "main", "run", "parse_shapes", "case_ops", "case_flops", "case_bytes"]
+__all__ = ["run", "render", "parse_shapes", "case_ops", "case_flops", "case_bytes"]
 
 DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
 PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "numpy": "roofline"}
@@ -270,59 +270,3 @@ def render(report: dict) -> str:
     notes += [f"{r['impl']} {r['label']} {'x'.join(map(str, r['shape']))}: {r['status']}: "
               f"{r.get('error', '')}" for r in rows if r["status"] != "ok"]
     return "\n".join([head, vers, "", table, ""] + notes + [f"wall time: {meta['wall_s']:.1f} s"])
-
-
-# --- command ------------------------------------------------------------------------------------
-
-@click.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--shapes", default=",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES),
-              show_default=True, help="Comma list of TxBxIxH.")
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True,
-              help="lstm_tvm, TF and torch dtype (the roofline is always float32).")
-@click.option("--repeat", default=7, show_default=True, type=click.IntRange(1),
-              help="Timed calls per case; the median is reported.")
-@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0),
-              help="Untimed calls before the timed ones.")
-@click.option("--threads", type=click.IntRange(1), default=machine()["cores"],
-              show_default="all cores", help="Threads of every runtime.")
-@click.option("--only", default=",".join(peers.IMPLS), show_default=True,
-              help="Comma list of implementations to run.")
-@click.option("--cases", default=",".join(peers.CASES), show_default=True,
-              help="Comma list of cases.")
-@click.option("--v2", is_flag=True, help="Sequence cases use BlockLSTMV2 / BlockLSTMGradV2.")
-@click.option("--isolate", type=click.Choice(["case", "impl"]), default="case",
-              show_default=True, help="One worker process per (impl, shape, case) or per impl.")
-@click.option("--timeout", default=1800.0, show_default=True, help="Seconds per worker.")
-@click.option("--no-cache", is_flag=True, help="Compile into a fresh cache (real compile times).")
-@click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Also write the results as JSON to this file.")
-def command(shapes, only, cases, json_path, **opts):
-    """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
-
-    One worker process per implementation and case (--isolate case) times the median of
-    --repeat calls and measures the peak extra RSS; the table shows medians, GFLOP/s, GB/s
-    (cell cases), peak MiB and lstm_tvm's speed ratios. Peers that are not installed are
-    reported as such. Exits with status 1 if an lstm_tvm case did not run.
-    """
-    try:
-        opts["shapes"] = parse_shapes(shapes)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--shapes") from None
-    opts["only"] = split_choices(only, peers.IMPLS, "--only")
-    opts["cases"] = split_choices(cases, peers.CASES, "--cases")
-    report = run(opts)
-    click.echo(render(report))
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-    if any(r["impl"] == "lstm_tvm" and r["status"] != "ok" for r in report["results"]):
-        sys.exit(1)
-
-
-def main(argv=None) -> None:
-    """``python -m lstm_tvm.bench``: run :func:`command`."""
-    command.main(args=argv, prog_name="python -m lstm_tvm.bench")
-
-
-if __name__ == "__main__":
-    main()

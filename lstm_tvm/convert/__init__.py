@@ -4,8 +4,9 @@ tf2onnx 1.17 has no conversion for ``BlockLSTM``, ``BlockLSTMV2`` or the grad op
 gives it one handler per registry op (:mod:`.handlers`) and finishes the model for onnxruntime
 1.31 (:mod:`.model`: opset 21, IR version 10, ONNX functions attached). Entry points
 (:mod:`.api`): :func:`from_function`, :func:`from_graph_def`, :func:`from_saved_model`, and
-``lstm-tvm convert`` (:mod:`.command`). A ``BlockLSTMGrad`` node fed by ``BlockLSTMV2`` (what
-``tf.GradientTape`` emits in TF 2.21, a TF bug) is converted as ``BlockLSTMGradV2``.
+``lstm-tvm convert`` (:mod:`lstm_tvm.cli.convert`). A ``BlockLSTMGrad`` node fed by
+``BlockLSTMV2`` (what ``tf.GradientTape`` emits in TF 2.21, a TF bug) is converted as
+``BlockLSTMGradV2``.
 
 Importing this package does not import TensorFlow; converting needs it and tf2onnx
 (``pip install -e ".[convert]"``).

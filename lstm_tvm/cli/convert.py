@@ -73,9 +73,9 @@ def command(saved_model, output, signature, tag, opset, no_functions, keep_tf_gr
     functions attached (the default) a plain onnxruntime session runs the model.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from .api import from_saved_model, require
-    from .handlers import ConversionError
-    from .model import check_opset
+    from ..convert.api import from_saved_model, require
+    from ..convert.handlers import ConversionError
+    from ..convert.model import check_opset
 
     try:
         check_opset(opset, not no_functions)

@@ -1,8 +1,8 @@
-"""The ``lstm-tvm`` command line: ``build`` (compile, verify, time), ``ops``, ``export``, ``cache``.
+"""``lstm-tvm build``: compile, verify and time every (op, dtype, peephole) on one shape.
 
-``lstm-tvm build`` compiles each requested op for this CPU, runs it on one shape, checks every
-output against the float64 NumPy reference with the tolerances of :mod:`lstm_tvm.testing`,
-times it and prints one row per (op, dtype, peephole). It exits with status 1 if any row fails.
+Each case is compiled for the target, run on one shape, checked output by output against the
+float64 NumPy reference with the tolerances of :mod:`lstm_tvm.testing` and timed; one row per
+case. Exits with status 1 if any row fails.
 """
 
 from __future__ import annotations
@@ -10,70 +10,29 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 import click
 import numpy as np
 
-from . import __version__, env, reference, testing
-from . import build as _build
-from ._cli_common import format_table, split_choices, target_option
-from ._tvm import device_exists, missing_device_error, resolve_target
-from .api import compile as _compile
-from .registry import DTYPES, OPS
-from .tuning.database import describe_use
+from .. import build as _build
+from .. import env, reference, testing
+from .._cli_common import format_table, split_choices, target_option
+from .._tvm import device_exists, missing_device_error, resolve_target
+from ..api import compile as _compile
+from ..registry import DTYPES, OPS
+from ..tuning.database import describe_use
 
-__all__ = ["main", "op_table_markdown", "format_table"]
+__all__ = ["command"]
 
-
-# --- formatting ---------------------------------------------------------------------------------
-
-def _attr_text(op) -> str:
-    return ", ".join(f"{a.name} (required)" if a.required else f"{a.name}={a.default!r}"
-                     for a in op.attrs)
-
-
-def op_table_markdown() -> str:
-    """The op table of :data:`lstm_tvm.registry.OPS` as Markdown (pasted into the README)."""
-    head = ("op", "kind", "direction", "gate layout", "inputs", "outputs",
-            "attributes (TF defaults)")
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for op in OPS.values():
-        lines.append(f"| {op.name} | {op.kind} | {op.direction} | {op.gate_layout} "
-                     f"| {', '.join(op.input_names)} | {', '.join(op.output_names)} "
-                     f"| {_attr_text(op)} |")
-    return "\n".join(lines)
-
-
-def _op_table_text() -> str:
-    head = format_table(("op", "kind", "direction", "layout", "pair", "attributes (TF defaults)"),
-                        [(op.name, op.kind, op.direction, op.gate_layout, op.pair, _attr_text(op))
-                         for op in OPS.values()])
-
-    def sig(label, specs):
-        items = [f"{t.name}({','.join(t.shape)})" if t.shape else f"{t.name}:{t.dtype}"
-                 for t in specs]
-        return textwrap.fill(", ".join(items), width=100, initial_indent=f"  {label:<9}",
-                             subsequent_indent=" " * 11, break_on_hyphens=False)
-
-    blocks = [f"{op.name}\n{sig('inputs', op.inputs)}\n{sig('outputs', op.outputs)}"
-              for op in OPS.values()]
-    legend = ("Shapes in T (time), B (batch), I (input size), H (cell size); float tensors have "
-              "the op's dtype (float16 or float32), seq_len_max is an int64 scalar.")
-    return "\n\n".join([head, legend, "\n".join(blocks)])
-
-
-# --- build: one case ----------------------------------------------------------------------------
 
 def _to_device(inputs: dict, dev) -> dict:
     """TVM tensors on ``dev`` for the float inputs; ``seq_len_max`` stays a Python int."""
-    from ._tvm import tvm
+    from .._tvm import tvm
 
     return {k: int(v) if k == "seq_len_max" else tvm.runtime.tensor(np.ascontiguousarray(v), dev)
             for k, v in inputs.items()}
@@ -170,15 +129,7 @@ def _fresh_cache(enabled: bool):
                 os.environ["LSTM_TVM_CACHE_DIR"] = old
 
 
-# --- commands -----------------------------------------------------------------------------------
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="lstm-tvm")
-def main():
-    """lstm_tvm: TensorFlow's six LSTM block ops compiled ahead of time by Apache TVM."""
-
-
-@main.command()
+@click.command("build")
 @click.option("--ops", "ops_", default=",".join(OPS), show_default="all six",
               help=f"Comma list of ops to build, among {', '.join(OPS)}.")
 @click.option("--dtype", "dtypes", default=",".join(DTYPES), show_default=True,
@@ -198,7 +149,7 @@ def main():
               help="Compile into a fresh temporary cache, so compile times are real.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
-def build(ops_, dtypes, peephole, json_path, no_cache, **opts):
+def command(ops_, dtypes, peephole, json_path, no_cache, **opts):
     """Compile, verify and time every (op, dtype, peephole) on one shape.
 
     Each case is compiled for the target (timed; a disk-cache hit is fast unless --no-cache),
@@ -252,98 +203,3 @@ def _summary_line(results, failed, skipped) -> str:
         return line
     reasons = "; ".join(dict.fromkeys(r["skipped"] for r in skipped))
     return f"{line}, {len(skipped)} skipped (compiled, not run or verified)\nskipped: {reasons}"
-
-
-@main.command("ops")
-@click.option("--markdown", is_flag=True, help="Print the Markdown table used in the README.")
-def ops_cmd(markdown):
-    """Print the op table from the registry: kind, direction, gate layout, inputs, outputs,
-    attributes with TF's defaults."""
-    click.echo(op_table_markdown() if markdown else _op_table_text())
-
-
-@main.command("export")
-@click.option("--ops", "ops_", default=",".join(OPS), show_default="all six",
-              help=f"Comma list of ops to export, among {', '.join(OPS)}.")
-@target_option()
-@click.option("--dtype", type=click.Choice(DTYPES), default="float32", show_default=True)
-@click.option("--input-size", default=32, show_default=True, type=click.IntRange(1), help="I.")
-@click.option("--cell-size", default=32, show_default=True, type=click.IntRange(1), help="H.")
-@click.option("--use-peephole/--no-use-peephole", default=False, show_default=True,
-              help="use_peephole of every op.")
-@click.option("--forget-bias", type=float, help="forget_bias (default TF's: 1.0; V2 has none).")
-@click.option("--cell-clip", type=float, help="cell_clip (default TF's: 3.0, BlockLSTMV2 0.0).")
-@click.option("--no-onnx", is_flag=True, help="Do not write the onnx/ models.")
-@click.option("-o", "--output", required=True,
-              type=click.Path(file_okay=False, path_type=Path), help="The folder to write.")
-def export_cmd(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **opts):
-    """Compile ops into one shared library for deployment, with manifest.json, ONNX models
-    (onnx/<Op>.onnx) and a README.txt; load it with lstm_tvm.export.load(DIR) or from C++
-    (examples/cpp). T and B stay dynamic; I, H, dtype and attributes are fixed."""
-    from .export import export
-
-    attrs = {"use_peephole": use_peephole}
-    attrs.update({k: v for k, v in (("forget_bias", forget_bias), ("cell_clip", cell_clip))
-                  if v is not None})
-    try:
-        manifest = export(output, split_choices(ops_, OPS, "--ops"), attrs=attrs,
-                          onnx=not no_onnx, **opts)
-    except (TypeError, ValueError) as err:
-        raise click.ClickException(str(err)) from None
-    click.echo(f"{output / manifest['library']}: {manifest['dtype']}, I={opts['input_size']}, "
-               f"H={opts['cell_size']}, target {manifest['target']['kind']}")
-    for name, entry in manifest["ops"].items():
-        click.echo(f"  {entry['function']}  {entry['attrs']}")
-
-
-@main.group()
-def cache():
-    """Inspect or clear the disk cache of compiled modules (LSTM_TVM_CACHE_DIR)."""
-
-
-def _cache_dirs(root: Path) -> list[Path]:
-    """The per-TVM-version folders that lstm_tvm writes under the cache root."""
-    return sorted(p for p in root.glob("tvm-*") if p.is_dir()) if root.is_dir() else []
-
-
-@cache.command("info")
-def cache_info():
-    """Print the cache path, its number of compiled modules and its size on disk."""
-    root = env.cache_dir()
-    files = [f for d in _cache_dirs(root) for f in d.rglob("*") if f.is_file()]
-    size = sum(f.stat().st_size for f in files)
-    click.echo(f"path:    {root}")
-    click.echo(f"entries: {sum(1 for f in files if f.suffix == '.so')}")
-    click.echo(f"size:    {size / 2**20:.1f} MiB ({size} bytes)")
-
-
-@cache.command("clear")
-def cache_clear():
-    """Delete every compiled module in the cache (only the tvm-* folders lstm_tvm writes)."""
-    root = env.cache_dir()
-    dirs = _cache_dirs(root)
-    count = sum(1 for d in dirs for f in d.rglob("*.so"))
-    for d in dirs:
-        shutil.rmtree(d)
-    click.echo(f"removed {count} entries from {root}")
-
-
-# --- bench (lstm_tvm.bench) ---------------------------------------------------------------------
-
-from .bench import command as _bench_command  # noqa: E402
-
-main.add_command(_bench_command, "bench")
-
-# --- tune (lstm_tvm.tuning) ---------------------------------------------------------------------
-
-from .tuning.command import command as _tune_command  # noqa: E402
-from .tuning.command import schedules_command as _schedules_command  # noqa: E402
-
-main.add_command(_tune_command, "tune")
-main.add_command(_schedules_command, "schedules")
-
-# --- convert (lstm_tvm.convert) -----------------------------------------------------------------
-
-from .convert.command import command as _convert_command
-
-main.add_command(_convert_command, "convert")

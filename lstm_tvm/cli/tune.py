@@ -1,4 +1,5 @@
-"""``lstm-tvm tune``: a MetaSchedule tuning session from the command line."""
+"""``lstm-tvm tune`` (a MetaSchedule tuning session) and ``lstm-tvm schedules`` (which records a
+target uses)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,8 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed):
     of the same target, input and cell size, whatever T and B.
     """
     resolved = resolve_target(target)
-    from .database import database_dir
-    from .session import exhaustion_report, tune
+    from ..tuning.database import database_dir
+    from ..tuning.session import exhaustion_report, tune
 
     ops = split_choices(ops_, OPS, "--ops")
     dts = split_choices(dtypes, DTYPES, "--dtype")
@@ -78,7 +79,7 @@ def schedules_command(target):
     architecture and vector extension.
     """
     from .. import env
-    from . import database
+    from ..tuning import database
 
     resolved = resolve_target(target)
     click.echo(f"target: {database.target_key(resolved)} ({database.isa_class(resolved)})"
