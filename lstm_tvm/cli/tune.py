@@ -9,9 +9,8 @@ import click
 
 from .._cli_common import format_table, parse_shapes, split_choices, target_option
 from .._tvm import resolve_target
+from ..bench import DEFAULT_SHAPES
 from ..registry import DTYPES, OPS
-
-DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
 
 
 @click.command("tune")
@@ -19,7 +18,8 @@ DEFAULT_SHAPES = "32x16x128x128,64x32x256x256,100x64x512x512"
               help=f"Comma list of ops whose GEMM blocks to tune, among {', '.join(OPS)}.")
 @click.option("--dtype", "dtypes", default="float32", show_default=True,
               help="Comma list of dtypes (float32, float16).")
-@click.option("--shapes", default=DEFAULT_SHAPES, show_default=True,
+@click.option("--shapes", default=",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES),
+              show_default=True,
               help="Comma list of TxBxIxH shapes to tune at (the benchmark's by default).")
 @target_option(kinds=("llvm",), verb="tunes")
 @click.option("--trials", default=32, show_default=True, type=click.IntRange(1),
