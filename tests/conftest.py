@@ -1,10 +1,16 @@
 """Shared fixtures: a private compile cache and user records root for the test session, and the
-target list."""
+CPU targets tests parametrize over."""
 
 import os
 import tempfile
 
 import pytest
+
+#: The CPU targets tests parametrize over, by test id: this host's CPU, and two named x86-64 CPUs
+#: (Intel AVX-512, AMD Zen 4) checked whatever this host is.
+CPU_TARGETS = {"host": "llvm",
+               "skylake-avx512": {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4},
+               "znver4": {"kind": "llvm", "mcpu": "znver4"}}
 
 
 def pytest_configure(config):
@@ -15,6 +21,14 @@ def pytest_configure(config):
     if "LSTM_TVM_SCHEDULES_DIR" not in os.environ or os.environ.get("CI"):
         os.environ["LSTM_TVM_SCHEDULES_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_schedules_")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.hookimpl(trylast=True)  # after the parametrize marks: the target's id comes last
+def pytest_generate_tests(metafunc):
+    """A test taking ``cpu_target`` runs on each of :data:`CPU_TARGETS`, as ``lstm_tvm`` takes a
+    target (a name or a dict)."""
+    if "cpu_target" in metafunc.fixturenames:
+        metafunc.parametrize("cpu_target", list(CPU_TARGETS.values()), ids=list(CPU_TARGETS))
 
 
 @pytest.fixture(scope="session")

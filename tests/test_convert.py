@@ -20,13 +20,13 @@ from lstm_tvm.registry import OPS, eval_dim
 
 tf = pytest.importorskip("tensorflow")
 pytest.importorskip("tf2onnx")
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxruntime_extensions")
+from _ort_harness import open_session, run_session
 from click.testing import CliRunner
 
 from lstm_tvm import convert
 from lstm_tvm.cli import main as cli_main
-from lstm_tvm.onnx import ort as lort
 
 T, B, I, H = 5, 3, 4, 6
 SEQ = T - 2  # seq_len_max < T: TF leaves padded forward activations undefined
@@ -35,7 +35,8 @@ ON_ATTRS = {"LSTMBlockCell": {"forget_bias": 0.5, "cell_clip": 1.5},
             "BlockLSTM": {"forget_bias": 0.5, "cell_clip": 1.5},
             "BlockLSTMV2": {"cell_clip": 1.5}}
 PARAMS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
-ROUTES = ("functions", "tvm")
+#: This module's routes (test ids) and the harness's: the ONNX functions, the TVM kernels' PyOps.
+ROUTES = {"functions": "function", "tvm": "pyop"}
 
 
 def _tol(dtype):
@@ -54,16 +55,8 @@ def _op_specs(op_name, dtype):
             for s in OPS[op_name].inputs]
 
 
-def _session(model, route):
-    if route == "tvm":
-        return lort.InferenceSession(model)
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-
-
 def _run(model, route, inputs):
-    session = _session(model, route)
-    feeds = {i.name: inputs[i.name] for i in session.get_inputs()}
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    return run_session(open_session(model, ROUTES[route]), inputs)
 
 
 def _tf_call(fn, names, inputs):

@@ -16,12 +16,13 @@ import math
 import numpy as np
 import onnx
 import pytest
+from _ort_harness import open_session, run_session
 
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
 from lstm_tvm.registry import DTYPES, OPS
 
-ort = pytest.importorskip("onnxruntime", reason="the function route needs onnxruntime")
+pytest.importorskip("onnxruntime", reason="the function route needs onnxruntime")
 
 T, B, I, H = 4, 3, 5, 6
 SEQ_LENS = (0, 1, T)
@@ -33,19 +34,7 @@ CASES = [pytest.param(n, s, id=f"{n}-n{s}") for n, op in OPS.items()
 def _session(op_name, dtype, attrs=(), pair=False):
     build = lo.make_forward_backward_model if pair else lo.make_model
     model = build(op_name, dtype, input_size=I, cell_size=H, attrs=dict(attrs))
-    return _open(model)
-
-
-def _open(model):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # "Loop had zero iterations" warnings for seq_len_max = 0
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
-
-
-def _run(session, inputs):
-    feeds = {i.name: inputs[i.name] for i in session.get_inputs()}
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    return open_session(model, quiet=True)  # "Loop had zero iterations" for seq_len_max = 0
 
 
 def _inputs(op_name, dtype, seq_len_max, attrs, seed=0):
@@ -79,7 +68,7 @@ def _compare(op_name, out, ref, tf, dtype, seq_len_max):
 def test_function_matches_reference_and_tf(op_name, seq_len_max, dtype, use_peephole, tf):
     attrs = {"use_peephole": use_peephole}
     inputs = _inputs(op_name, dtype, seq_len_max, attrs)
-    out = _run(_session(op_name, dtype, tuple(attrs.items())), inputs)
+    out = run_session(_session(op_name, dtype, tuple(attrs.items())), inputs)
     ref = reference.run(op_name, inputs, attrs)
     _compare(op_name, out, ref, testing.tf_run(op_name, inputs, attrs), dtype, seq_len_max)
 
@@ -95,7 +84,7 @@ def test_function_attributes(op_name, use_peephole, tf):
     inputs = _inputs(op_name, "float32", n, attrs, seed=1)
     ref = reference.run(op_name, inputs, attrs)
     assert np.isclose(np.abs(ref["cs"]), 0.8).any()  # the clip is active
-    out = _run(_session(op_name, "float32", tuple(attrs.items())), inputs)
+    out = run_session(_session(op_name, "float32", tuple(attrs.items())), inputs)
     _compare(op_name, out, ref, testing.tf_run(op_name, inputs, attrs), "float32", n)
 
 
@@ -112,7 +101,7 @@ def test_cell_clip_keeps_nan_like_tf(op_name, dtype, tf):
                          p=[0.3, 0.15, 0.15, 0.4])
     inputs["cs_prev"] = np.where(special != 0, special, inputs["cs_prev"]).astype(dtype)
     assert np.isnan(inputs["cs_prev"]).any() and np.isinf(inputs["cs_prev"]).any()
-    out = _run(_session(op_name, dtype, tuple(attrs.items())), inputs)
+    out = run_session(_session(op_name, dtype, tuple(attrs.items())), inputs)
     expected = testing.tf_run(op_name, inputs, attrs)
     for name in OPS[op_name].output_names:
         nan = np.isnan(expected[name])
@@ -130,7 +119,7 @@ def test_function_attribute_defaults(op_name):
     node = model.graph.node[0]
     del node.attribute[:]
     inputs = _inputs(op_name, "float32", None if "Cell" in op_name else T, {}, seed=2)
-    out = _run(_open(model), inputs)
+    out = run_session(open_session(model, quiet=True), inputs)
     _compare(op_name, out, reference.run(op_name, inputs, {}), None, "float32", None)
 
 
@@ -143,7 +132,7 @@ def test_disabled_peephole_ignores_peephole_weights(op_name):
     ref = reference.run(op_name, inputs, attrs)
     for p in ("wci", "wcf", "wco"):
         inputs[p] = np.full_like(inputs[p], np.nan)
-    out = _run(_session(op_name, "float32", tuple(attrs.items())), inputs)
+    out = run_session(_session(op_name, "float32", tuple(attrs.items())), inputs)
     _compare(op_name, out, ref, None, "float32", n)
 
 
@@ -155,7 +144,7 @@ def test_forward_backward_model(dtype, use_peephole, seq_len_max, tf):
     attrs = {"use_peephole": use_peephole}
     fwd, bwd = OPS["BlockLSTMV2"], OPS["BlockLSTMGradV2"]
     inputs = _inputs(bwd.name, dtype, seq_len_max, attrs, seed=4)
-    out = _run(_session(fwd.name, dtype, tuple(attrs.items()), pair=True), inputs)
+    out = run_session(_session(fwd.name, dtype, tuple(attrs.items()), pair=True), inputs)
     fwd_in = {k: inputs[k] for k in fwd.input_names}
     tf_fwd = testing.tf_run(fwd.name, fwd_in, attrs)
     tf_bwd = testing.tf_run(bwd.name, {**inputs, **tf_fwd}, attrs)
@@ -184,7 +173,7 @@ def test_inconsistent_inputs_fail_in_onnxruntime(op_name, name, bad):
     inputs = _inputs(op_name, "float32", n, attrs)
     session = _session(op_name, "float32", tuple(attrs.items()))
     with pytest.raises(Exception, match=f"{op_name}_input_check"):
-        _run(session, {**inputs, name: bad})
+        run_session(session, {**inputs, name: bad})
 
 
 def _all_nodes(nodes):
@@ -246,7 +235,7 @@ def test_function_edge_cell_clip_values_like_tf(op_name, dtype, tf):
         raw = _set_attribute(lo.make_model(op_name, dtype, input_size=I, cell_size=H,
                                            attrs={**attrs, "cell_clip": 0.5}), "cell_clip", value)
         for model in (built, raw):
-            out = _run(_open(model), inputs)
+            out = run_session(open_session(model, quiet=True), inputs)
             _compare(op_name, out, ref, expected, dtype, n)
             for result in (out, ref, expected):  # assert_close skips where expected is NaN
                 assert not any(np.isnan(v).any() for v in result.values()), value

@@ -10,6 +10,7 @@ import numpy as np
 from pathlib import Path
 
 import pytest
+from _ort_harness import open_session, run_session
 
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
@@ -54,15 +55,8 @@ def exports(tmp_path_factory):
 
 
 def _session(model, library, exports, names=("f32", "f16")):
-    options = native.session_options([exports[n] for n in names], library=library)
-    return ort.InferenceSession(model.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
-
-
-def _run(session, inputs, align=True):
-    feeds = {i.name: (native.aligned_copy(inputs[i.name]) if align else inputs[i.name])
-             for i in session.get_inputs()}
-    return dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    """``model`` on the native route with the exports ``names``."""
+    return open_session(model, "native", exports=[exports[n] for n in names], library=library)
 
 
 def _tol(dtype):
@@ -112,7 +106,7 @@ def test_block_lstm_v2_forward_backward_matches_tf(library, exports, dtype, seq_
                                  seq_len_max=seq_len_max, attrs=PEEPHOLE, seed=seq_len_max)
     session = _session(model, library, exports)
     copies = native.copy_count(library)
-    out = _run(session, inputs)
+    out = run_session(session, inputs, align=True)
     assert native.copy_count(library) == copies  # every tensor passed in place
     _check_pair("BlockLSTMV2", out, inputs, dtype, seq_len_max)
 
@@ -124,7 +118,7 @@ def test_cell_forward_backward_matches_tf(library, exports, dtype, tf):
     inputs = testing.make_inputs("LSTMBlockCellGrad", dtype=dtype, B=B, I=I, H=H,
                                  attrs=PEEPHOLE, seed=3)
     copies = native.copy_count(library)
-    out = _run(_session(model, library, exports), inputs, align=False)
+    out = run_session(_session(model, library, exports), inputs)
     assert native.copy_count(library) > copies  # NumPy's own buffers: some are misaligned
     _check_pair("LSTMBlockCell", out, inputs, dtype)
 
@@ -137,7 +131,7 @@ def test_export_chosen_by_attributes_and_dims(library, exports):
     model = lo.make_model("BlockLSTMV2", "float32", input_size=I + 1, cell_size=H, attrs=attrs,
                           with_functions=False)
     session = _session(model, library, exports, names=("f32", "f32_wide"))
-    out = _run(session, inputs)
+    out = run_session(session, inputs, align=True)
     for name, expected in reference.run("BlockLSTMV2", inputs, attrs).items():
         testing.assert_close(out[name], expected, "float32", name)
     narrow = lo.make_model("BlockLSTMV2", "float32", input_size=I, cell_size=H, attrs=attrs,
@@ -145,7 +139,7 @@ def test_export_chosen_by_attributes_and_dims(library, exports):
     session = _session(narrow, library, exports, names=("f32", "f32_wide"))
     inputs = testing.make_inputs("BlockLSTMV2", B=B, I=I, H=H, T=T, attrs=attrs, seed=4)
     with pytest.raises(Exception, match="no loaded export fits these inputs"):
-        _run(session, inputs)
+        run_session(session, inputs, align=True)
     clipped = lo.make_model("BlockLSTMV2", "float32", input_size=I, cell_size=H,
                             attrs={"use_peephole": True, "cell_clip": 0.5}, with_functions=False)
     with pytest.raises(Exception, match="no loaded export has this node's attributes"):

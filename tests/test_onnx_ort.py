@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import pytest
+from _ort_harness import child_script, open_session, run_session
 
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
@@ -33,15 +33,6 @@ def _pair_inputs(fwd_name, dtype="float32", seq_len_max=T, attrs=None, seed=0):
     bwd = OPS[fwd_name].pair
     kw = {} if OPS[fwd_name].kind == "cell" else {"T": T, "seq_len_max": seq_len_max}
     return testing.make_inputs(bwd, dtype=dtype, B=B, I=I, H=H, attrs=attrs, seed=seed, **kw)
-
-
-def _feeds(session, inputs):
-    return {i.name: inputs[i.name] for i in session.get_inputs()}
-
-
-def _run(session, inputs):
-    outputs = session.run(None, _feeds(session, inputs))
-    return dict(zip([o.name for o in session.get_outputs()], outputs))
 
 
 def _check_pair(fwd_name, out, inputs, attrs, dtype="float32"):
@@ -70,8 +61,8 @@ def test_register_ort_ops_is_idempotent():
 def test_pyop_forward_backward_matches_reference(fwd_name, use_peephole, seq_len_max):
     attrs = {"use_peephole": use_peephole}
     inputs = _pair_inputs(fwd_name, seq_len_max=seq_len_max, attrs=attrs)
-    session = lort.InferenceSession(_pair(fwd_name, **attrs))
-    _check_pair(fwd_name, _run(session, inputs), inputs, attrs)
+    session = open_session(_pair(fwd_name, **attrs), "pyop")
+    _check_pair(fwd_name, run_session(session, inputs), inputs, attrs)
 
 
 @pytest.mark.parametrize("op_name", ["LSTMBlockCell", "LSTMBlockCellGrad"])
@@ -80,10 +71,9 @@ def test_pyop_cell_ops_in_plain_session(op_name):
     attrs = {"use_peephole": True}
     model = lo.make_model(op_name, "float32", input_size=I, cell_size=H, attrs=attrs,
                           with_functions=True)  # the registered PyOp wins over the function
-    session = ort.InferenceSession(model.SerializeToString(), lort.session_options(),
-                                   providers=["CPUExecutionProvider"])
+    session = open_session(model, "pyop_plain")
     inputs = testing.make_inputs(op_name, B=B, I=I, H=H, attrs=attrs, seed=1)
-    out = _run(session, inputs)
+    out = run_session(session, inputs)
     for name, expected in reference.run(op_name, inputs, attrs).items():
         testing.assert_close(out[name], expected, "float32", f"{op_name}.{name}")
 
@@ -96,7 +86,7 @@ def test_prepare_model_fills_default_attributes():
     attrs = {a.name: onnx_value(a) for a in prepared.graph.node[0].attribute}
     assert attrs == {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": 0}
     inputs = testing.make_inputs("BlockLSTM", B=B, I=I, H=H, T=T, seed=2)
-    out = _run(lort.InferenceSession(model), inputs)
+    out = run_session(open_session(model, "pyop"), inputs)
     for name, expected in reference.run("BlockLSTM", inputs, {}).items():
         testing.assert_close(out[name], expected, "float32", name)
 
@@ -109,27 +99,26 @@ def onnx_value(attr):
 
 def test_float16_model_refused_with_clear_error():
     with pytest.raises(TypeError, match="float16.*function route"):
-        lort.InferenceSession(_pair("BlockLSTMV2", "float16", use_peephole=True))
+        open_session(_pair("BlockLSTMV2", "float16", use_peephole=True), "pyop")
     assert len(lort.float16_nodes(_pair("BlockLSTMV2", "float16"))) == 2
     assert lort.float16_nodes(_pair("BlockLSTMV2", "float32")) == []
 
 
 def test_wrong_shape_raises_in_process():
-    session = lort.InferenceSession(_pair("BlockLSTMV2", use_peephole=False))
+    session = open_session(_pair("BlockLSTMV2", use_peephole=False), "pyop")
     inputs = _pair_inputs("BlockLSTMV2", attrs={"use_peephole": False})
-    feeds = _feeds(session, inputs)
     with pytest.raises(ValueError, match="seq_len_max"):
-        session.run(None, {**feeds, "seq_len_max": np.asarray(T + 1, np.int64)})
+        run_session(session, {**inputs, "seq_len_max": np.asarray(T + 1, np.int64)})
     with pytest.raises(Exception, match="Got invalid dimensions for input: w"):
-        session.run(None, {**feeds, "w": np.zeros((I + H + 1, 4 * H), np.float32)})
+        run_session(session, {**inputs, "w": np.zeros((I + H + 1, 4 * H), np.float32)})
     # the session still works afterwards
-    _check_pair("BlockLSTMV2", _run(session, inputs), inputs, {"use_peephole": False})
+    _check_pair("BlockLSTMV2", run_session(session, inputs), inputs, {"use_peephole": False})
 
 
-_SURVIVAL_SCRIPT = textwrap.dedent("""
+_SURVIVAL_SCRIPT = child_script("""
     import json, sys
     import numpy as np
-    import onnxruntime as ort
+    from _ort_harness import open_session, run_session, session_feeds
     from lstm_tvm import onnx as lo, reference, testing
     from lstm_tvm.onnx import ort as lort
 
@@ -151,13 +140,11 @@ _SURVIVAL_SCRIPT = textwrap.dedent("""
     inputs = testing.make_inputs("BlockLSTMGradV2", dtype="float16", B=B, I=I, H=H, T=T,
                                  attrs={"use_peephole": True})
     # float16 on the PyOp route: plain onnxruntime, the wrapper, the wrapper with casts
-    attempt("plain_f16", lambda: ort.InferenceSession(
-        pair("float16").SerializeToString(), lort.session_options(),
-        providers=["CPUExecutionProvider"]))
-    attempt("wrapper_f16", lambda: lort.InferenceSession(pair("float16")))
-    cast = lort.InferenceSession(pair("float16"), float16="cast")
-    feeds = {i.name: inputs[i.name] for i in cast.get_inputs()}
-    out = dict(zip([o.name for o in cast.get_outputs()], cast.run(None, feeds)))
+    attempt("plain_f16", lambda: open_session(pair("float16"), "pyop_plain"))
+    attempt("wrapper_f16", lambda: open_session(pair("float16"), "pyop"))
+    cast = open_session(pair("float16"), "pyop", float16="cast")
+    feeds = session_feeds(cast, inputs)
+    out = run_session(cast, inputs)
     ref = reference.run("BlockLSTMV2", {k: inputs[k] for k in
                         ["seq_len_max", "x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b"]},
                         {"use_peephole": True})
@@ -170,10 +157,9 @@ _SURVIVAL_SCRIPT = textwrap.dedent("""
     # malformed inputs: an inconsistent T among symbolic dims reaches the PyOp
     f32 = {k: (v.astype(np.float32) if v.dtype == np.float16 else v) for k, v in feeds.items()}
     bad = {**f32, "h_grad": np.zeros((T + 1, B, H), np.float32)}
-    plain = ort.InferenceSession(pair("float32").SerializeToString(), lort.session_options(),
-                                 providers=["CPUExecutionProvider"])
+    plain = open_session(pair("float32"), "pyop_plain")
     def plain_run():
-        out = dict(zip([o.name for o in plain.get_outputs()], plain.run(None, bad)))
+        out = run_session(plain, bad)
         grad = ["x_grad", "cs_prev_grad", "h_prev_grad", "w_grad", "wci_grad", "wcf_grad",
                 "wco_grad", "b_grad"]
         seen["plain_nonzero_grads"] = [k for k in grad if out[k].any()]
@@ -183,10 +169,10 @@ _SURVIVAL_SCRIPT = textwrap.dedent("""
                         {"use_peephole": True})
     attempt("plain_bad_shape", plain_run)
     seen["plain_last_error"] = f"{type(lort.last_error()).__name__}: {lort.last_error()}"
-    wrapped = lort.InferenceSession(pair("float32"))
-    attempt("wrapper_bad_shape", lambda: wrapped.run(None, bad))
-    attempt("wrapper_bad_rank", lambda: wrapped.run(None, {**f32, "x": f32["x"][0]}))
-    attempt("wrapper_good", lambda: wrapped.run(None, f32))
+    wrapped = open_session(pair("float32"), "pyop")
+    attempt("wrapper_bad_shape", lambda: run_session(wrapped, bad))
+    attempt("wrapper_bad_rank", lambda: run_session(wrapped, {**f32, "x": f32["x"][0]}))
+    attempt("wrapper_good", lambda: run_session(wrapped, f32))
     print("SURVIVED " + json.dumps(seen))
 """)
 

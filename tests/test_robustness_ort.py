@@ -18,11 +18,11 @@ import os
 import re
 import subprocess
 import sys
-import textwrap
 
 import numpy as np
 import onnx
 import pytest
+from _ort_harness import ROUTES, child_script
 from onnx import AttributeProto, TensorProto, helper
 
 from lstm_tvm import onnx as lo
@@ -32,7 +32,6 @@ from lstm_tvm.registry import OPS
 pytest.importorskip("onnxruntime", reason="these are onnxruntime routes")
 
 T, B, I, H = 4, 3, 5, 6
-ROUTES = ["function", "pyop", "pyop_plain", "native"]
 ATTRS = {"use_peephole": True}
 CHILD_TIMEOUT_S = 300
 
@@ -157,39 +156,24 @@ def _write_case(case, route, folder):
             "feeds": str(folder / f"{case}.in.npz"), "out": str(folder / f"{case}.out.npz")}
 
 
-_CHILD = textwrap.dedent("""
+_CHILD = child_script("""
     import json, sys
-    import numpy as np, onnx, onnxruntime as ort
+    import numpy as np, onnx
+    from _ort_harness import open_session, run_session
 
     spec = json.load(open(sys.argv[1]))
     route = spec["route"]
     if route.startswith("pyop"):
         from lstm_tvm.onnx import ort as lort
-    if route == "native":
-        from lstm_tvm.onnx import native
-
-    def session(model):
-        if route == "pyop":
-            return lort.InferenceSession(model)
-        if route == "pyop_plain":
-            options = lort.session_options()
-        elif route == "native":
-            options = native.session_options(spec["exports"], library=spec["library"])
-        else:
-            options = ort.SessionOptions()
-        options.log_severity_level = 3
-        return ort.InferenceSession(model.SerializeToString(), options,
-                                    providers=["CPUExecutionProvider"])
 
     for job in spec["jobs"]:
         print("START " + job["name"], flush=True)
         result = {"name": job["name"]}
         before = lort.last_error() if route.startswith("pyop") else None
         try:
-            s = session(onnx.load(job["model"]))
-            feeds = dict(np.load(job["feeds"]))
-            out = s.run(None, {i.name: feeds[i.name] for i in s.get_inputs()})
-            np.savez(job["out"], **{o.name: v for o, v in zip(s.get_outputs(), out)})
+            s = open_session(onnx.load(job["model"]), route, exports=spec.get("exports", ()),
+                             library=spec.get("library"), quiet=True)
+            np.savez(job["out"], **run_session(s, dict(np.load(job["feeds"]))))
             result["status"] = "ran"
         except Exception as exc:
             result.update(status="error", message=f"{type(exc).__name__}: {exc}")
