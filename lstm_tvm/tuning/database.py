@@ -22,8 +22,9 @@ from .. import env
 from .space import describe
 from .tasks import Task, task_of
 
-__all__ = ["Best", "Source", "compatible", "database_dir", "databases", "describe_use",
-           "isa_class", "open_database", "sources", "target_key", "tasks_in", "tuned_blocks"]
+__all__ = ["Best", "FAILED_SECONDS", "Source", "compatible", "database_dir", "databases",
+           "describe_use", "failed", "isa_class", "open_database", "sources", "target_key",
+           "tasks_in", "tuned_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -199,6 +200,18 @@ def open_database(folder: Path, create: bool = False):
                         allow_missing=create)
 
 
+#: MetaSchedule stores a candidate that did not build or run with this time or more (1e10):
+#: such a record is a failure, never a measurement.
+FAILED_SECONDS = 1e9
+
+
+def failed(record) -> bool:
+    """Whether a tuning record is a failed measurement (no run time, or MetaSchedule's
+    failure time)."""
+    secs = [float(s) for s in (record.run_secs or [])]
+    return not secs or min(secs) >= FAILED_SECONDS
+
+
 class Best:
     """The best measured record of one task: its trace (the schedule), median time, trials."""
 
@@ -270,9 +283,9 @@ def _load(stamp, key: str) -> tuple[dict[Task, Best], dict[Task, int]]:
         if task is None or record.target is None or target_key(record.target) != key:
             continue
         counts[task] = counts.get(task, 0) + 1
-        secs = [float(s) for s in (record.run_secs or [])]
-        if not secs or min(secs) >= 1e9:  # failed runs are stored with a huge time
+        if failed(record):
             continue
+        secs = [float(s) for s in record.run_secs]
         seconds = sorted(secs)[len(secs) // 2]  # median: robust on a busy machine
         if task not in best or seconds < best[task].seconds:
             best[task] = Best(task, record.trace, seconds)

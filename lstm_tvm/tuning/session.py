@@ -8,8 +8,10 @@ up to ``trials`` distinct schedules instead of starting over. A task's space may
 schedules than that (:func:`lstm_tvm.tuning.space.space_size`): the session then searches
 all of them, and its result says the space was exhausted.
 
-MetaSchedule's logs go to a folder of the session under ``<cache dir>/tuning-logs/``, never
-to the console (where the progress bar reports).
+Candidates run on this machine, or on the devices of a TVM RPC tracker
+(:mod:`lstm_tvm.tuning.remote`); a failed measurement is recorded as failed and tried again
+by the next session. MetaSchedule's logs go to a folder of the session under
+``<cache dir>/tuning-logs/``, never to the console (where the progress bar reports).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .._tvm import configure_threads, resolve_target
 from ..kernels import CELL_GRAD_MATMUL
 from ..registry import OPS, get_op
 from ..validation import validate_attrs
-from . import database
+from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
 from .tasks import Task, task_of, tasks_for, workload
 
@@ -40,7 +42,8 @@ MS_LOGGER = "tvm.s_tir.meta_schedule"
 @dataclasses.dataclass
 class TaskResult:
     """A task after a session: trials on record, best time and tile (None if none ran), the
-    trials asked for, how many distinct schedules its space holds and how many are on record."""
+    trials asked for, how many distinct schedules its space holds, how many are on record
+    with a measured time, and how many of its records are failed measurements."""
 
     task: Task
     trials: int
@@ -48,6 +51,7 @@ class TaskResult:
     requested: int = 0
     space_size: int = 0
     distinct: int = 0
+    failed: int = 0
 
     @property
     def exhausted(self) -> bool:
@@ -78,30 +82,39 @@ def collect_tasks(ops, dtypes, shapes) -> list[Task]:
 
 def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), target="llvm",
          trials: int = 32, root: Path | None = None, progress: bool = True,
-         seed: int | None = None) -> list[TaskResult]:
+         seed: int | None = None, tracker: remote.Tracker | None = None) -> list[TaskResult]:
     """Tune the GEMM tiles of ``ops`` for ``target``; returns one :class:`TaskResult` per task.
 
     ``trials`` is the number of distinct measured schedules each task should have on record in
     the database (``schedules/<target key>/`` unless ``root`` is given), or all of its space's
     if that holds fewer (:attr:`TaskResult.exhausted`); tasks already there are topped up, not
     restarted.
+
+    ``tracker``: measure on the servers of a TVM RPC tracker instead of this machine; the
+    session checks that one is there (:class:`lstm_tvm.tuning.remote.RemoteError` otherwise)
+    before it writes anything. ``target`` then names the devices' CPU.
     """
     target = resolve_target(target)
     if str(target.kind.name) != "llvm":
         raise ValueError(f"tuning {target.kind.name} targets is not supported yet: the tile "
                          f"space schedules CPU loops (llvm targets only)")
     configure_threads()
+    tasks = collect_tasks(ops, dtypes, shapes)
+    if tracker is not None:
+        runner = remote.runner(tracker, _evaluator(), remote.wait_for_servers(tracker))
+        builder = _in_process_builder(shared_library=True)
+    else:
+        runner, builder = _local_runner(), _in_process_builder()
     folder = database.database_dir(target, root)
     db = database.open_database(folder, create=True)
-    tasks = collect_tasks(ops, dtypes, shapes)
-    done = _distinct_on_record(db, target, tasks)
-    todo = [(t, n) for t in tasks if (n := _goal(t, trials) - done[t]) > 0]
+    done = _on_record(db, target, tasks)
+    todo = [(t, n) for t in tasks if (n := _goal(t, trials) - done[t][0]) > 0]
     if todo:
-        _search(todo, len(tasks), target, db, progress, seed)
+        _search(todo, len(tasks), target, db, progress, seed, builder, runner)
     best = database.best_by_task(target, root)
     counts = database.trial_counts(target, root)
-    done = _distinct_on_record(db, target, tasks)
-    results = [TaskResult(t, counts.get(t, 0), best.get(t), trials, space_size(t), done[t])
+    done = _on_record(db, target, tasks)
+    results = [TaskResult(t, counts.get(t, 0), best.get(t), trials, space_size(t), *done[t])
                for t in tasks]
     for line in exhaustion_report(results):
         log.info("%s", line)
@@ -117,18 +130,23 @@ def _goal(task: Task, trials: int) -> int:
     return min(trials, size)
 
 
-def _distinct_on_record(db, target, tasks) -> dict[Task, int]:
-    """How many distinct schedules of each task's space (see
-    :func:`lstm_tvm.tuning.space.fingerprint`) ``db`` holds records of, measured on ``target``'s
-    machine."""
+def _on_record(db, target, tasks) -> dict[Task, tuple[int, int]]:
+    """For each task, how many distinct schedules of its space (see
+    :func:`lstm_tvm.tuning.space.fingerprint`) ``db`` holds measured times of, and how many
+    failed measurements, all on ``target``'s machine."""
     key = database.target_key(target)
     seen: dict[Task, set[int]] = {t: set() for t in tasks}
+    failures = dict.fromkeys(tasks, 0)
     for record in db.get_all_tuning_records():
         task = task_of(record.workload.mod)
         same_machine = record.target is not None and database.target_key(record.target) == key
-        if task in seen and same_machine:
+        if task not in seen or not same_machine:
+            continue
+        if database.failed(record):
+            failures[task] += 1
+        else:
             seen[task].add(_fingerprint(task, record.trace))
-    return {t: len(found & fingerprints(t)) for t, found in seen.items()}
+    return {t: (len(found & fingerprints(t)), failures[t]) for t, found in seen.items()}
 
 
 def _fingerprint(task: Task, trace) -> int | None:
@@ -152,13 +170,12 @@ def exhaustion_report(results: list[TaskResult]) -> list[str]:
                     f"trials asked"]
 
 
-def _search(todo, n_tasks, target, db, progress, seed) -> None:
+def _search(todo, n_tasks, target, db, progress, seed, builder, runner) -> None:
     logs = Path(tempfile.mkdtemp(prefix="tune-", dir=_log_root()))
     log.info("MetaSchedule's logs: %s", logs)
     bar = _progress(sum(n for _, n in todo), n_tasks, progress)
     with _logs_to(logs / "meta_schedule.log"), contextlib.closing(bar):
-        tools = dict(builder=_in_process_builder(), runner=_local_runner(), database=db,
-                     work_dir=str(logs))
+        tools = dict(builder=builder, runner=runner, database=db, work_dir=str(logs))
         for i, (task, count) in enumerate(todo):
             bar.set_description(f"[{i + 1}/{len(todo)}] {task.key}")
             name = f"task_{i:03d}"
@@ -180,11 +197,16 @@ def _search_task(task, count, target, seed, logger, bar, tools) -> None:
                                           _progress_callback()(bar)], **tools)
 
 
-def _local_runner():
-    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, LocalRunner
+def _evaluator():
+    from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
 
-    return LocalRunner(timeout_sec=120.0, evaluator_config=EvaluatorConfig(
-        number=3, repeat=5, min_repeat_ms=20, enable_cpu_cache_flush=False))
+    return EvaluatorConfig(number=3, repeat=5, min_repeat_ms=20, enable_cpu_cache_flush=False)
+
+
+def _local_runner():
+    from tvm.s_tir.meta_schedule.runner import LocalRunner
+
+    return LocalRunner(timeout_sec=120.0, evaluator_config=_evaluator())
 
 
 @contextlib.contextmanager
@@ -230,13 +252,14 @@ def _progress(total: int, n_tasks: int, enabled: bool):
                 desc=f"{n_tasks} tasks")
 
 
-def _in_process_builder():
+def _in_process_builder(shared_library: bool = False):
     """A MetaSchedule builder that compiles in this process.
 
     MetaSchedule's ``LocalBuilder`` starts fresh worker processes for every batch (each
     importing TVM, seconds apiece); the tasks here are single GEMMs that compile in well
     under a second, so building in-process is several times faster. Measurements still run in
-    the ``LocalRunner``'s worker processes.
+    the runner's worker processes. ``shared_library``: link each candidate here into a shared
+    library (for RPC servers, which then need no compiler) instead of a tar of objects.
     """
     from tvm.ir.utils import derived_object
     from tvm.s_tir.meta_schedule.builder import BuilderResult, PyBuilder
@@ -250,8 +273,13 @@ def _in_process_builder():
             for item in build_inputs:
                 try:
                     lib = default_build(item.mod, item.target, None)
-                    path = Path(tempfile.mkdtemp(prefix="lstm-tvm-tune-")) / "mod.tar"
-                    lib.export_library(str(path), fcompile=tar)
+                    folder = Path(tempfile.mkdtemp(prefix="lstm-tvm-tune-"))
+                    if shared_library:
+                        path = folder / "mod.so"
+                        lib.export_library(str(path))
+                    else:
+                        path = folder / "mod.tar"
+                        lib.export_library(str(path), fcompile=tar)
                     results.append(BuilderResult(str(path), None))
                 except Exception as err:  # noqa: BLE001 (reported as a failed candidate)
                     results.append(BuilderResult(None, f"{type(err).__name__}: {err}"))
