@@ -29,6 +29,7 @@ from tvm.sym import Analyzer
 
 from .._tvm import SBlock, Schedule, tirx
 from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ROW_TILE, tensor_loads, uses_var
+from .traits import CpuTraits, cpu_traits
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +37,9 @@ log = logging.getLogger(__name__)
 COLUMN_CHOICES = (32, 64, 16)
 #: Unroll factor of the reduction loop in GEMMs.
 K_UNROLL = 4
-#: Output elements of a GEMM register tile: 16 AVX-512 registers of 16 float32 accumulators
-#: (half the register file; the rest hold the operands). Enough independent FMAs to hide
-#: their latency on both FMA units, without spilling.
-ACCUMULATORS = 256
+#: The traits schedules assume when given none: an AVX-512 x86 (the register tile of 8x32
+#: float32 accumulators).
+AVX512 = CpuTraits("x86_64", 512, 32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ class GemmTile:
 
 
 def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
-                 per_step: bool = False) -> GemmTile | None:
+                 per_step: bool = False, traits: CpuTraits = AVX512) -> GemmTile | None:
     """The untuned tile of a GEMM block with these extents (None: no tiling applies).
 
     ``a_rows_contiguous``: the left operand is stored ``(M, K)`` (else ``(K, M)``, as in the
@@ -75,9 +75,11 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop,
     or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are
     a thread-pool launch per iteration (BlockLSTM at 64x32x256x256: 9.3 ms with two slabs of
-    128 in the recurrent product, 8.4 ms without).
+    128 in the recurrent product, 8.4 ms without). The tile holds at most the target's
+    :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 2x32 with
+    AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every reduction step.
     """
-    rows, cols = _row_tile(m_extent), _column_chunk(n_extent)
+    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators)
     if rows <= 1 or cols is None:
         return None
     slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
@@ -97,10 +99,11 @@ def schedule_for(op_name: str, func, target, failures: list | None = None,
     """
     if str(target.kind.name) != "llvm":
         return func
+    traits = cpu_traits(target)
     sch = Schedule(func)
     names = [sch.get(b).name_hint for b in leaf_blocks(sch)]
     for name in names:
-        ways = [lambda s, name=name: _schedule_block(s, s.get_sblock(name))]
+        ways = [lambda s, name=name: _schedule_block(s, s.get_sblock(name), traits)]
         if tuned and name in tuned:
             ways.insert(0, lambda s, trace=tuned[name]: Trace.apply_json_to_schedule(trace, s))
         for way in ways:
@@ -151,7 +154,7 @@ def apply_gemm(sch: Schedule, block, tile: GemmTile) -> None:
     _gemm(sch, block, [m, n], k, tile)
 
 
-def _schedule_block(sch: Schedule, block) -> None:
+def _schedule_block(sch: Schedule, block, traits: CpuTraits) -> None:
     stmt = sch.get(block)
     loops = sch.get_loops(block)[-len(stmt.iter_vars):]
     kinds = [iv.iter_type for iv in stmt.iter_vars]
@@ -164,7 +167,7 @@ def _schedule_block(sch: Schedule, block) -> None:
     if len(spatial) == 2 and len(reduce_) == 1:
         tile = default_tile(*extents, sch.get(reduce_[0]).extent,
                             _rows_contiguous(stmt, *(iv.var for iv in stmt.iter_vars)),
-                            _in_loop_body(sch, block))
+                            _in_loop_body(sch, block), traits)
     if tile is not None:
         _gemm(sch, block, spatial, reduce_[0], tile)
     else:
@@ -199,9 +202,17 @@ def _divides(factor: int, extent) -> bool:
     return isinstance(rem, tirx.IntImm) and rem.value == 0
 
 
-def _row_tile(extent) -> int:
-    """Rows per GEMM tile: ``ROW_TILE`` if it divides the row extent, else a divisor of it."""
-    return next((r for r in (ROW_TILE, 4, 2) if _divides(r, extent)), 1)
+def _register_tile(m_extent, n_extent, accumulators: int) -> tuple[int, int | None]:
+    """Rows and columns of a GEMM's register tile: the first of :data:`COLUMN_CHOICES` that
+    divides the columns and leaves room for two rows, then as many rows as fit
+    ``accumulators`` among ``ROW_TILE`` and its divisors that divide the row extent."""
+    dividing = [c for c in COLUMN_CHOICES if _divides(c, n_extent)]
+    cols = next((c for c in dividing if 2 * c <= accumulators), min(dividing, default=None))
+    if cols is None:
+        return 1, None
+    rows = next((r for r in (ROW_TILE, 4, 2) if r * cols <= accumulators
+                 and _divides(r, m_extent)), 1)
+    return rows, cols
 
 
 def _column_chunk(extent):

@@ -26,6 +26,7 @@ from .. import env
 from .._tvm import configure_threads, resolve_target
 from ..kernels import CELL_GRAD_MATMUL
 from ..registry import OPS, get_op
+from ..schedule.traits import cpu_traits
 from ..validation import validate_attrs
 from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
@@ -100,6 +101,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
                          f"space schedules CPU loops (llvm targets only)")
     configure_threads()
     tasks = collect_tasks(ops, dtypes, shapes)
+    traits = cpu_traits(target)
     if tracker is not None:
         runner = remote.runner(tracker, _evaluator(), remote.wait_for_servers(tracker))
         builder = _in_process_builder(shared_library=True)
@@ -107,30 +109,31 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
         runner, builder = _local_runner(), _in_process_builder()
     folder = database.database_dir(target, root)
     db = database.open_database(folder, create=True)
-    done = _on_record(db, target, tasks)
-    todo = [(t, n) for t in tasks if (n := _goal(t, trials) - done[t][0]) > 0]
+    done = _on_record(db, target, tasks, traits)
+    todo = [(t, n) for t in tasks if (n := _goal(t, trials, traits) - done[t][0]) > 0]
     if todo:
         _search(todo, len(tasks), target, db, progress, seed, builder, runner)
     best = database.best_by_task(target, root)
     counts = database.trial_counts(target, root)
-    done = _on_record(db, target, tasks)
-    results = [TaskResult(t, counts.get(t, 0), best.get(t), trials, space_size(t), *done[t])
+    done = _on_record(db, target, tasks, traits)
+    results = [TaskResult(t, counts.get(t, 0), best.get(t), trials, space_size(t, traits),
+                          *done[t])
                for t in tasks]
     for line in exhaustion_report(results):
         log.info("%s", line)
     return results
 
 
-def _goal(task: Task, trials: int) -> int:
+def _goal(task: Task, trials: int, traits) -> int:
     """The distinct schedules ``task`` should have on record: ``trials``, at most its space."""
-    size = space_size(task)
+    size = space_size(task, traits)
     if trials > size:
         log.info("%s: its space holds %d distinct schedules, fewer than the %d trials asked; "
                  "searching all of them", task.key, size, trials)
     return min(trials, size)
 
 
-def _on_record(db, target, tasks) -> dict[Task, tuple[int, int]]:
+def _on_record(db, target, tasks, traits) -> dict[Task, tuple[int, int]]:
     """For each task, how many distinct schedules of its space (see
     :func:`lstm_tvm.tuning.space.fingerprint`) ``db`` holds measured times of, and how many
     failed measurements, all on ``target``'s machine."""
@@ -146,7 +149,7 @@ def _on_record(db, target, tasks) -> dict[Task, tuple[int, int]]:
             failures[task] += 1
         else:
             seen[task].add(_fingerprint(task, record.trace))
-    return {t: (len(found & fingerprints(t)), failures[t]) for t, found in seen.items()}
+    return {t: (len(found & fingerprints(t, traits)), failures[t]) for t, found in seen.items()}
 
 
 def _fingerprint(task: Task, trace) -> int | None:
@@ -187,7 +190,8 @@ def _search(todo, n_tasks, target, db, progress, seed, builder, runner) -> None:
 def _search_task(task, count, target, seed, logger, bar, tools) -> None:
     from tvm.s_tir import meta_schedule as ms
 
-    ctx = ms.TuneContext(mod=workload(task), target=target, space_generator=space(task),
+    ctx = ms.TuneContext(mod=workload(task), target=target,
+                         space_generator=space(task, cpu_traits(target)),
                          search_strategy="evolutionary", task_name=task.key,
                          rand_state=-1 if seed is None else seed, num_threads="physical",
                          logger=logger)

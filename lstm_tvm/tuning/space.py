@@ -7,8 +7,10 @@ directly as split factors. A tuning record's trace is therefore a complete, repl
 schedule of the block: split factors never name the extents they split, so the same trace
 schedules the same-named block of a kernel whose ``T`` and ``B`` are symbolic.
 
-The space is small and enumerable (:func:`space_size`): a search asked for more trials than
-it holds runs out of new candidates.
+The register tiles depend on the target's vector registers (``traits``, a
+:class:`~lstm_tvm.schedule.traits.CpuTraits`; AVX-512's when not given). The space is small and
+enumerable (:func:`space_size`): a search asked for more trials than it holds runs out of new
+candidates.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import itertools
 
 from .._tvm import Schedule
 from ..kernels._builder import PANEL, ROW_TILE
-from ..schedule.rules import ACCUMULATORS, GemmTile, apply_gemm
+from ..schedule.rules import AVX512, GemmTile, apply_gemm
+from ..schedule.traits import CpuTraits
 from .tasks import Task, workload
 
 __all__ = ["choices", "describe", "designs", "fingerprint", "fingerprints", "space", "space_size",
@@ -47,25 +50,27 @@ def choices(task: Task) -> dict[str, list[int]]:
     return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}
 
 
-def tiles(task: Task) -> list[tuple[int, int]]:
+def tiles(task: Task, traits: CpuTraits = AVX512) -> list[tuple[int, int]]:
     """The ``(rows, cols)`` register tiles searched: those of the most output elements that
-    fit :data:`ACCUMULATORS`, with at least 32 columns where the task allows (e.g. ``8x32``
-    and ``4x64``). Smaller tiles leave FMA latency exposed, larger ones spill registers, and
-    16-column tiles load a broadcast per FMA pair (measured: never the fastest)."""
+    fit the target's accumulators (``traits.accumulators``), with at least 32 columns where the
+    task allows (e.g. ``8x32`` and ``4x64`` with AVX-512, ``2x32`` with AVX2). Smaller tiles
+    leave FMA latency exposed, larger ones spill registers, and 16-column tiles load a
+    broadcast per FMA pair (measured: never the fastest)."""
     options = choices(task)
-    pairs = [(r, c) for r in options["rows"] for c in options["cols"] if r * c <= ACCUMULATORS]
+    pairs = [(r, c) for r in options["rows"] for c in options["cols"]
+             if r * c <= traits.accumulators]
     if not pairs:
         pairs = [(min(options["rows"]), min(options["cols"]))]
     most = [p for p in pairs if p[0] * p[1] == max(r * c for r, c in pairs)]
     return [(r, c) for r, c in most if c >= 32] or most
 
 
-def designs(task: Task, sch) -> list:
+def designs(task: Task, sch, traits: CpuTraits = AVX512) -> list:
     """``sch`` (a schedule of ``task``'s workload) copied once per register tile and loop
     structure, with the remaining tile sizes sampled; the space :func:`space` searches."""
     options = choices(task)
     out = []
-    for rows, cols in tiles(task):
+    for rows, cols in tiles(task, traits):
         for blocked in ([False, True] if options["k_block"] else [False]):
             for n_major in (0, 1):
                 design = sch.copy()
@@ -82,25 +87,25 @@ def designs(task: Task, sch) -> list:
     return out
 
 
-def space(task: Task):
+def space(task: Task, traits: CpuTraits = AVX512):
     """A MetaSchedule ``ScheduleFn`` space over ``task``'s tiles (see :func:`designs`)."""
     from tvm.s_tir.meta_schedule.space_generator import ScheduleFn
 
-    return ScheduleFn(lambda sch: designs(task, sch), sch_rules=[], postprocs=[],
+    return ScheduleFn(lambda sch: designs(task, sch, traits), sch_rules=[], postprocs=[],
                       mutator_probs={})
 
 
-def space_size(task: Task) -> int:
+def space_size(task: Task, traits: CpuTraits = AVX512) -> int:
     """How many distinct schedules ``task``'s space holds: every design with every combination
     of its sampled sizes, told apart as MetaSchedule does (by the scheduled module, so that the
     two tile orders of a tile with a single block of rows or columns are one schedule)."""
-    return len(fingerprints(task))
+    return len(fingerprints(task, traits))
 
 
 @functools.lru_cache(maxsize=256)
-def fingerprints(task: Task) -> frozenset[int]:
+def fingerprints(task: Task, traits: CpuTraits = AVX512) -> frozenset[int]:
     """The :func:`fingerprint` of every schedule in ``task``'s space."""
-    return frozenset(fingerprint(task, trace) for trace in _traces(task))
+    return frozenset(fingerprint(task, trace) for trace in _traces(task, traits))
 
 
 def fingerprint(task: Task, trace) -> int:
@@ -113,9 +118,9 @@ def fingerprint(task: Task, trace) -> int:
     return tvm_ffi.structural_hash(sch.mod)
 
 
-def _traces(task: Task):
+def _traces(task: Task, traits: CpuTraits):
     """Every trace of ``task``'s space: each design with each choice of its sampled sizes."""
-    for design in designs(task, Schedule(_workload(task))):
+    for design in designs(task, Schedule(_workload(task)), traits):
         trace = design.trace
         samples = [inst for inst in trace.insts if inst.kind.name == "SampleCategorical"]
         for picks in itertools.product(*(range(len(inst.attrs[0])) for inst in samples)):

@@ -1,0 +1,68 @@
+"""What a CPU target offers the schedules: vector width, vector registers, f16 arithmetic.
+
+Derived from the target's ``mtriple``, ``mcpu`` and ``mattr`` through LLVM's own CPU feature
+tables (the host's when the target names none), so a target is described without its hardware:
+an AVX2-only x86 (``{"kind": "llvm", "mcpu": "haswell"}``), an AVX-512 x86, an AArch64 NEON core
+(``{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+
+from .._tvm import tvm
+
+__all__ = ["CpuTraits", "cpu_traits"]
+
+#: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
+_X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
+
+
+@dataclasses.dataclass(frozen=True)
+class CpuTraits:
+    """A CPU target's facts that schedules depend on.
+
+    ``arch``: the triple's architecture (``x86_64``, ``aarch64``); ``vector_bits``: the widest
+    vector register; ``vector_registers``: how many the ISA has; ``f16_arithmetic``: whether
+    float16 arithmetic is native (AVX512-FP16, Armv8.2 FP16), else float16 is widened.
+    """
+
+    arch: str
+    vector_bits: int
+    vector_registers: int
+    f16_arithmetic: bool = False
+
+    def lanes(self, dtype: str = "float32") -> int:
+        """Elements of ``dtype`` in one vector register."""
+        return max(1, self.vector_bits // tvm.DataType(dtype).bits)
+
+    @property
+    def accumulators(self) -> int:
+        """float32 outputs a GEMM register tile may hold: half the vector registers (the rest
+        hold the operands), enough independent FMAs to hide their latency without spilling
+        (256 with AVX-512, 64 with AVX2 or NEON)."""
+        return self.vector_registers // 2 * self.lanes("float32")
+
+
+def cpu_traits(target) -> CpuTraits:
+    """The :class:`CpuTraits` of an ``llvm`` target (a ``tvm.target.Target``)."""
+    return _traits(str(target))  # its JSON text
+
+
+@functools.lru_cache(maxsize=64)
+def _traits(target_json: str) -> CpuTraits:
+    target = tvm.target.Target(json.loads(target_json))
+    triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
+    arch = triple.split("-")[0]
+    has = functools.partial(tvm.target.codegen.llvm_cpu_has_features, target=target)
+    if arch in ("x86_64", "i386", "i686"):
+        bits, regs = next(((b, r) for f, b, r in _X86_VECTORS if has(f)), (64, 8))
+        return CpuTraits(arch, bits, regs if arch == "x86_64" or bits == 512 else 8,
+                         bool(has("avx512fp16")))
+    if arch in ("aarch64", "arm64"):
+        # SVE's width is set by the hardware, not the target: NEON's 128 bits are what
+        # every AArch64 core has.
+        return CpuTraits(arch, 128, 32, bool(has("fullfp16")))
+    return CpuTraits(arch, 128, 16)
