@@ -74,10 +74,9 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     for ``(K, M)`` ones (where the reduction runs over all rows) came within 20% of each GEMM's
     best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop,
     or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are
-    a thread-pool launch per iteration (BlockLSTM at 64x32x256x256: 9.3 ms with two slabs of
-    128 in the recurrent product, 8.4 ms without). The tile holds at most the target's
-    :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 2x32 with
-    AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every reduction step.
+    a thread-pool launch per iteration (see docs/performance.md). The tile holds at most the
+    target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 2x32
+    with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step.
     """
     rows, cols = _register_tile(m_extent, n_extent, traits.accumulators)
     if rows <= 1 or cols is None:
