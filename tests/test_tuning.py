@@ -57,9 +57,14 @@ def _tune_cli(args):
                           text=True, timeout=900, env=dict(os.environ))
 
 
+def _only_task(ops, shape):
+    (task,) = collect_tasks(ops, ["float32"], [shape])
+    return task
+
+
 def test_tune_command_writes_database_resumes_and_is_applied(schedules):
-    # gates 8x64x24: tiles 8x32 and 4x64 (either has one block of rows or of columns, so the
-    # tile order changes nothing): 2 distinct schedules
+    # one task, gates 8x64x24
+    size = space.space_size(_only_task(["LSTMBlockCell"], (1, 5, 8, 16)))
     args = ["--ops", "LSTMBlockCell", "--shapes", "1x5x8x16", "--trials", "2", "--seed", "1"]
     result = _tune_cli(args)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -71,11 +76,15 @@ def test_tune_command_writes_database_resumes_and_is_applied(schedules):
     result = _tune_cli(args)  # resumes: the task already has its trials
     assert result.returncode == 0, result.stdout + result.stderr
     assert _record_count(folder) == 2
-    more = [*args[:-4], "--trials", "3", "--seed", "1"]  # more than its 2 schedules: said so
+    # more trials than the space holds, from scratch (a resumed search may measure a schedule
+    # on record again): every schedule once, and said so
+    more = [*args[:-4], "--trials", str(size + 1), "--seed", "1", "--schedules-dir",
+            str(schedules.parent / "all")]
     result = _tune_cli(more)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert _record_count(folder) == 2
-    assert "space exhausted after 2 distinct schedules (3 trials asked)" in result.stdout
+    assert _record_count(schedules.parent / "all" / folder.name) == size
+    assert (f"space exhausted after {size} distinct schedules ({size + 1} trials asked)"
+            in result.stdout)
     spec = build.make_spec("LSTMBlockCell", "float32", 8, 16,
                            {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": False})
     assert [name for name, _, _ in spec.tuned] == ["gates"]
@@ -314,18 +323,20 @@ def test_tune_says_when_a_task_exhausts_its_space(schedules, tmp_path, monkeypat
 
     monkeypatch.setenv("LSTM_TVM_CACHE_DIR", str(tmp_path / "cache"))
     args = (["LSTMBlockCell"], ["float32"], [(1, 5, 8, 16)])
-    # gates 8x64x24: tiles 8x32 and 4x64 (one block of rows or of columns each, so the tile
-    # order changes nothing): 2 distinct schedules, fewer than the 6 trials asked
-    (result,) = tune(*args, trials=6, seed=0, progress=False)
-    assert (result.requested, result.space_size, result.distinct, result.trials) == (6, 2, 2, 2)
+    size = space.space_size(_only_task(args[0], args[2][0]))  # one task, gates 8x64x24
+    asked = size + 4
+    (result,) = tune(*args, trials=asked, seed=0, progress=False)
+    assert (result.requested, result.space_size, result.distinct, result.trials) == (
+        asked, size, size, size)
     assert result.exhausted
-    assert _distinct_schedules_on_record(database.database_dir(resolve_target()), result.task) == 2
+    assert _distinct_schedules_on_record(database.database_dir(resolve_target()),
+                                         result.task) == size
     key = result.task.key
     assert session.exhaustion_report([result]) == [
-        f"{key}: space exhausted after 2 distinct schedules (6 trials asked)",
-        "1 of 1 tasks exhausted their space: they hold fewer distinct schedules than the 6 "
-        "trials asked"]
-    (again,) = tune(*args, trials=6, seed=0, progress=False)  # nothing left to search
-    assert (again.trials, again.distinct, again.exhausted) == (2, 2, True)
+        f"{key}: space exhausted after {size} distinct schedules ({asked} trials asked)",
+        f"1 of 1 tasks exhausted their space: they hold fewer distinct schedules than the "
+        f"{asked} trials asked"]
+    (again,) = tune(*args, trials=asked, seed=0, progress=False)  # nothing left to search
+    assert (again.trials, again.distinct, again.exhausted) == (size, size, True)
     (fewer,) = tune(*args, trials=2, seed=0, progress=False)
     assert not fewer.exhausted and session.exhaustion_report([fewer]) == []

@@ -118,7 +118,7 @@ def _records(root):
 def test_remote_session_records_real_times_under_the_targets_key(devices, tmp_path):
     devices.add_server()
     devices.add_server()
-    # the cell's gate GEMM at B=5, I=8, H=16: a space of two schedules, one per server
+    # the cell's gate GEMM at B=5, I=8, H=16: two of its schedules, measured by the servers
     done = _tune(["--ops", "LSTMBlockCell", "--shapes", "1x5x8x16", "--trials", "2",
                   "--seed", "0", *devices.cli_args()])
     assert done.returncode == 0, done.stderr + done.stdout

@@ -31,17 +31,15 @@ __all__ = ["choices", "describe", "designs", "fingerprint", "fingerprints", "spa
 def choices(task: Task) -> dict[str, list[int]]:
     """The values each tile size may take for ``task`` (all valid for the kernel's block:
     they divide what the kernel guarantees its extents to be multiples of)."""
-    rows = [r for r in (2, 4, 8, 16) if task.m_multiple % r == 0 and r <= task.M] or [1]
+    rows = [r for r in (1, 2, 4, 8, 16) if task.m_multiple % r == 0 and r <= task.M]
     if task.m_multiple == ROW_TILE:  # dynamic rows, padded to ROW_TILE only
         rows = [r for r in rows if ROW_TILE % r == 0]
     cols = [c for c in (16, 32, 48, 64) if task.N % c == 0
             and (task.n_multiple == 0 or task.n_multiple % c == 0)] or [task.N]
     if task.b.startswith("kp:"):  # a vector of a tile's row must lie in one panel
         cols = [PANEL]
-    # One unroll, 4 where it divides: less was at best a few percent faster in the tasks and,
-    # measured in the kernels (with the guarded weight-gradient operands they had then), up
-    # to 30% slower; one value keeps the space small enough for 16 trials to cover.
-    k_unroll = [next(u for u in (4, 2, 1) if task.k_multiple % u == 0)]
+    # The default rule's unroll is 4; the others are searched too.
+    k_unroll = [u for u in (4, 1, 2, 8) if task.k_multiple % u == 0]
     # Per-step GEMMs never cut the reduction: each slab (and the initialisation before them)
     # is a parallel region of its own, launched every iteration of the loop around the GEMM
     # (see schedule.rules.default_tile).
@@ -51,18 +49,20 @@ def choices(task: Task) -> dict[str, list[int]]:
 
 
 def tiles(task: Task, traits: CpuTraits = AVX512) -> list[tuple[int, int]]:
-    """The ``(rows, cols)`` register tiles searched: those of the most output elements that
-    fit the target's accumulators (``traits.accumulators``), with at least 32 columns where the
-    task allows (e.g. ``8x32`` and ``4x64`` with AVX-512, ``2x32`` with AVX2). Smaller tiles
-    leave FMA latency exposed, larger ones spill registers, and 16-column tiles load a
-    broadcast per FMA pair (measured: never the fastest)."""
+    """The ``(rows, cols)`` register tiles searched: those that fit the target's accumulators
+    (``traits.accumulators``) and hold at least a quarter of them, with at least 32 columns
+    where the task allows (e.g. ``8x32``, ``4x64``, ``4x32`` and ``2x32`` with AVX-512;
+    ``2x32`` and ``1x32`` with AVX2). Larger tiles spill registers, much smaller ones leave FMA
+    latency exposed, and 16-column tiles load a broadcast per FMA pair."""
     options = choices(task)
     pairs = [(r, c) for r in options["rows"] for c in options["cols"]
-             if r * c <= traits.accumulators]
+             if traits.accumulators // 4 <= r * c <= traits.accumulators]
     if not pairs:
-        pairs = [(min(options["rows"]), min(options["cols"]))]
-    most = [p for p in pairs if p[0] * p[1] == max(r * c for r, c in pairs)]
-    return [(r, c) for r, c in most if c >= 32] or most
+        fit = [(r, c) for r in options["rows"] for c in options["cols"]
+               if r * c <= traits.accumulators]
+        pairs = [max(fit, key=lambda p: p[0] * p[1])] if fit else [
+            (min(options["rows"]), min(options["cols"]))]
+    return [(r, c) for r, c in pairs if c >= 32] or pairs
 
 
 def designs(task: Task, sch, traits: CpuTraits = AVX512) -> list:
