@@ -36,8 +36,8 @@ def choices(task: Task) -> dict[str, list[int]]:
         rows = [r for r in rows if ROW_TILE % r == 0]
     cols = [c for c in (16, 32, 48, 64) if task.N % c == 0
             and (task.n_multiple == 0 or task.n_multiple % c == 0)] or [task.N]
-    if task.b.startswith("kp:"):  # a vector of a tile's row must lie in one panel
-        cols = [PANEL]
+    if task.b.startswith("kp:"):  # a tile's row must lie in one panel
+        cols = [c for c in (16, PANEL) if PANEL % c == 0]
     # The default rule's unroll is 4; the others are searched too.
     k_unroll = [u for u in (4, 1, 2, 8) if task.k_multiple % u == 0]
     # Per-step GEMMs never cut the reduction: each slab (and the initialisation before them)
@@ -50,10 +50,10 @@ def choices(task: Task) -> dict[str, list[int]]:
 
 def tiles(task: Task, traits: CpuTraits = AVX512) -> list[tuple[int, int]]:
     """The ``(rows, cols)`` register tiles searched: those that fit the target's accumulators
-    (``traits.accumulators``) and hold at least a quarter of them, with at least 32 columns
+    (``traits.accumulators``) and hold at least a quarter of them, at least two vectors wide
     where the task allows (e.g. ``8x32``, ``4x64``, ``4x32`` and ``2x32`` with AVX-512;
-    ``2x32`` and ``1x32`` with AVX2). Larger tiles spill registers, much smaller ones leave FMA
-    latency exposed, and 16-column tiles load a broadcast per FMA pair."""
+    ``4x16``, ``2x32``, ``2x16`` and ``1x32`` with AVX2). Larger tiles spill registers, much
+    smaller ones leave FMA latency exposed, and narrower ones load a broadcast per FMA or two."""
     options = choices(task)
     pairs = [(r, c) for r in options["rows"] for c in options["cols"]
              if traits.accumulators // 4 <= r * c <= traits.accumulators]
@@ -62,7 +62,7 @@ def tiles(task: Task, traits: CpuTraits = AVX512) -> list[tuple[int, int]]:
                if r * c <= traits.accumulators]
         pairs = [max(fit, key=lambda p: p[0] * p[1])] if fit else [
             (min(options["rows"]), min(options["cols"]))]
-    return [(r, c) for r, c in pairs if c >= 32] or pairs
+    return [(r, c) for r, c in pairs if c >= 2 * traits.lanes("float32")] or pairs
 
 
 def designs(task: Task, sch, traits: CpuTraits = AVX512) -> list:
