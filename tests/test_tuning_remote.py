@@ -218,3 +218,21 @@ def test_rpc_options_are_checked_before_any_work():
     assert alone.exit_code == 2 and "--rpc-tracker and --rpc-key go together" in alone.output
     bad = runner.invoke(cli.main, ["tune", "--rpc-tracker", "nowhere", "--rpc-key", "k"])
     assert bad.exit_code == 2 and "expected HOST:PORT" in bad.output
+
+
+def test_a_target_of_another_architecture_is_not_measured_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(tmp_path / "schedules"))
+    from lstm_tvm.tuning import tune
+
+    from lstm_tvm._tvm import resolve_target
+    from lstm_tvm.schedule.traits import cpu_traits
+
+    host = cpu_traits(resolve_target("llvm")).arch
+    other, arch = (({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}, "x86_64")
+                   if host == "aarch64" else
+                   ({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
+                    "aarch64"))
+    with pytest.raises(ValueError, match=rf"an {arch} target cannot be measured on this {host} "
+                                         rf"machine; measure it on its devices"):
+        tune(["LSTMBlockCell"], ["float32"], [(1, 5, 8, 16)], other, trials=1, progress=False)
+    assert not (tmp_path / "schedules").exists()

@@ -102,6 +102,11 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     configure_threads()
     tasks = collect_tasks(ops, dtypes, shapes)
     traits = cpu_traits(target)
+    host = cpu_traits(resolve_target("llvm"))
+    if tracker is None and traits.arch != host.arch:
+        raise ValueError(f"{database.target_key(target)}: an {traits.arch} target cannot be "
+                         f"measured on this {host.arch} machine; measure it on its devices "
+                         f"(tracker and key: --rpc-tracker, --rpc-key)")
     if tracker is not None:
         runner = remote.runner(tracker, _evaluator(), remote.wait_for_servers(tracker))
         builder = _in_process_builder(shared_library=True)
