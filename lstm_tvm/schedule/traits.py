@@ -26,13 +26,16 @@ class CpuTraits:
 
     ``arch``: the triple's architecture (``x86_64``, ``aarch64``); ``vector_bits``: the widest
     vector register; ``vector_registers``: how many the ISA has; ``f16_arithmetic``: whether
-    float16 arithmetic is native (AVX512-FP16, Armv8.2 FP16), else float16 is widened.
+    float16 arithmetic is native (AVX512-FP16, Armv8.2 FP16), else float16 is widened;
+    ``extension``: the widest vector extension by LLVM's name (``avx512f``, ``avx2``, ``sve``,
+    ``neon``, else ``generic``), which names the ISA class of tuning records.
     """
 
     arch: str
     vector_bits: int
     vector_registers: int
     f16_arithmetic: bool = False
+    extension: str = "generic"
 
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of ``dtype`` in one vector register."""
@@ -57,12 +60,13 @@ def _traits(target_json: str) -> CpuTraits:
     triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
     arch = triple.split("-")[0]
     has = functools.partial(tvm.target.codegen.llvm_cpu_has_features, target=target)
+    extension = next((f for f in ("avx512f", "avx2", "sve", "neon") if has(f)), "generic")
     if arch in ("x86_64", "i386", "i686"):
         bits, regs = next(((b, r) for f, b, r in _X86_VECTORS if has(f)), (64, 8))
         return CpuTraits(arch, bits, regs if arch == "x86_64" or bits == 512 else 8,
-                         bool(has("avx512fp16")))
+                         bool(has("avx512fp16")), extension)
     if arch in ("aarch64", "arm64"):
         # SVE's width is set by the hardware, not the target: NEON's 128 bits are what
         # every AArch64 core has.
-        return CpuTraits(arch, 128, 32, bool(has("fullfp16")))
-    return CpuTraits(arch, 128, 16)
+        return CpuTraits(arch, 128, 32, bool(has("fullfp16")), extension)
+    return CpuTraits(arch, 128, 16, False, extension)

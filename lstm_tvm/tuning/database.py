@@ -66,18 +66,10 @@ def isa_class(target) -> str:
     """The architecture and widest vector extension of a CPU target, and on x86 its vendor:
     ``x86_64 avx512f intel``, ``x86_64 avx2 amd``, ``x86_64 avx512f generic``, ``aarch64
     neon`` (from LLVM's feature tables: no hardware needed)."""
-    return _isa_class(str(target))
+    from ..schedule.traits import cpu_traits
 
-
-@functools.lru_cache(maxsize=64)
-def _isa_class(target_json: str) -> str:
-    from .._tvm import tvm
-
-    target = tvm.target.Target(json.loads(target_json))
-    triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
-    arch = triple.split("-")[0]
-    has = functools.partial(tvm.target.codegen.llvm_cpu_has_features, target=target)
-    vector = next((f for f in ("avx512f", "avx2", "sve", "neon") if has(f)), "generic")
+    traits = cpu_traits(target)
+    arch, vector = traits.arch, traits.extension
     if arch not in ("x86_64", "i386", "i686"):
         return f"{arch} {vector}"
     mcpu = str(target.attrs.get("mcpu", ""))
