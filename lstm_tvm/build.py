@@ -129,12 +129,21 @@ def build(spec: BuildSpec):
 
 _memory: dict[BuildSpec, object] = {}
 _memory_lock = threading.Lock()
+_generation = [0]
 
 
 def clear_memory_cache() -> None:
-    """Forget the modules loaded in this process (the disk cache is untouched)."""
+    """Forget the modules loaded in this process (the disk cache is untouched), and what
+    ``raw_ops`` remembers of earlier calls (the next call looks tuning records up again)."""
     with _memory_lock:
         _memory.clear()
+        _generation[0] += 1
+
+
+def generation() -> int:
+    """How many times :func:`clear_memory_cache` ran: what ``raw_ops`` keeps is valid for one
+    generation."""
+    return _generation[0]
 
 
 def cache_path(spec: BuildSpec) -> Path:

@@ -7,22 +7,36 @@ Kernels compile on first use and are cached by (op, dtype, sizes, attributes, ta
 Padded steps (``t >= seq_len_max``) are zero in every output. ``target=`` (default ``"llvm"``)
 and ``device=`` choose where the op runs, e.g. ``target="cuda"``: inputs are copied to the
 device (from NumPy, or through DLPack from any device) and outputs back to NumPy.
+
+On the CPU a call costs little more than the kernel: the op compiled for a configuration (op,
+attributes, target, device and the inputs' shapes and dtypes) and the checks of its inputs are
+remembered after the first call, so a later call checks only ``seq_len_max``; inputs the
+kernels can read in place (C-contiguous, writeable, native byte order, 64-byte aligned) are
+not copied, and outputs are written where they are returned (see :mod:`lstm_tvm._host_arrays`).
+The tuning records of a configuration are those found at its first call in the process (or
+after :func:`lstm_tvm.build.clear_memory_cache`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import json
 import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import build as _build
+from ._args import kernel_error
+from ._host_arrays import OutputLayout, kernel_args
 from ._tvm import device_exists, device_for, missing_device_error, resolve_target, tvm
+from .api import CompiledOp
 from .api import compile as _compile
 from .api import output_tuple
 from .registry import OPS, OpSpec
-from .validation import MAX_ELEMENTS, expected_output_shapes, validate_attrs, validate_inputs
+from .validation import (MAX_ELEMENTS, check_seq_len_max, expected_output_shapes,
+                         validate_attrs, validate_inputs)
 
 __all__ = list(OPS) + ["run", "cell_grad_matmul"]
 
@@ -75,23 +89,88 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
     for name, value in inputs.items():
         arrays[name] = value if (name == "seq_len_max" and _is_int_scalar(value)) else \
             _to_numpy(value, f"{op.name}: input {name!r}")
+    key = _plan_key(op, arrays, attrs, target, device)
+    plan = _plans.get(key) if key is not None else None
+    if plan is None or plan.generation != _build.generation():
+        plan = _plan(op, arrays, attrs, target, device)
+        if key is not None:
+            if len(_plans) >= 256:
+                _plans.clear()
+            _plans[key] = plan
+    result = output_tuple(op.name)
+    if plan.compiled is None:  # an empty input: every output is empty or zero
+        return result(*(np.zeros(s, plan.layout.dtype) for s in plan.layout.shapes))
+    seq_len = (check_seq_len_max(op, arrays["seq_len_max"], plan.T),) if plan.T is not None \
+        else ()
+    if not plan.on_cpu:
+        dev = plan.compiled.device
+        tensors = {n: tvm.runtime.tensor(_native(arrays[n]), dev) for n in plan.tensors}
+        outs = plan.compiled(**tensors, **dict(zip(("seq_len_max",), seq_len)))
+        return result(*(t.numpy() for t in outs))
+    slot = id(plan)
+    args = kernel_args([arrays[n] for n in plan.tensors], slot)
+    outputs, out_tensors = plan.layout.allocate(slot)
+    try:
+        plan.compiled.func(*seq_len, *args, *out_tensors)
+    except ValueError as err:  # the kernel's own argument checks
+        raise kernel_error(op.name, err, plan.compiled._roles) from err
+    return result(*outputs)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """What the first call of a configuration settled: the compiled op (None when an input is
+    empty), ``T`` to check ``seq_len_max`` against (None for cell ops), the tensor inputs in
+    kernel order, the outputs' layout, whether it runs on the CPU, and the compile cache's
+    generation it was made in."""
+
+    compiled: CompiledOp | None
+    T: int | None
+    tensors: tuple
+    layout: OutputLayout
+    on_cpu: bool
+    generation: int
+
+
+#: Plans by :func:`_plan_key`.
+_plans: dict[tuple, _Plan] = {}
+
+
+def _plan_key(op: OpSpec, arrays: dict, attrs, target, device):
+    """The configuration of a call as a hashable key (None when some part is not hashable:
+    such calls are planned every time)."""
+    try:
+        shapes = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items()
+                       if n != "seq_len_max")
+        where = (target if isinstance(target, str) or target is None else
+                 json.dumps(target, sort_keys=True) if isinstance(target, dict) else str(target),
+                 None if device is None else (device.dlpack_device_type(), device.index))
+        # with each value's type: 1.0 == True, but only one is a valid use_peephole
+        attr_key = tuple(sorted((k, type(v), v) for k, v in (attrs or {}).items()))
+        key = (op.name, shapes, attr_key, where, "seq_len_max" in arrays)
+        hash(key)
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return key
+
+
+def _plan(op: OpSpec, arrays: dict, attrs, target, device) -> _Plan:
+    """Check a call fully and compile its op (see :class:`_Plan`)."""
     sig = validate_inputs(op, arrays)
     full = validate_attrs(op, attrs or {})
     shapes = expected_output_shapes(op, sig.sizes)
-    result = output_tuple(op.name)
+    layout = OutputLayout(shapes.values(), sig.dtype)
+    tensors = tuple(n for n in op.input_names if n != "seq_len_max")
+    T = sig.sizes["T"] if op.kind == "sequence" else None
+    generation = _build.generation()
     if any(0 in s for s in _input_shapes(op, arrays)):
-        return result(*(np.zeros(s, sig.dtype) for s in shapes.values()))
+        return _Plan(None, T, tensors, layout, True, generation)
     compiled = _compile(op.name, target=target, dtype=sig.dtype, input_size=sig.sizes["I"],
                         cell_size=sig.sizes["H"], device=device, **full)
-    dev = compiled.device
-    if not device_exists(dev):
-        raise missing_device_error(op.name, dev, compiled.target)
-    tensors = {n: tvm.runtime.tensor(_native(arrays[n]), dev)
-               for n in op.input_names if n != "seq_len_max"}
-    if op.kind == "sequence":
-        tensors["seq_len_max"] = sig.seq_len_max
-    outs = compiled(**tensors)
-    return result(*(t.numpy() for t in outs))
+    if not device_exists(compiled.device):
+        raise missing_device_error(op.name, compiled.device, compiled.target)
+    return _Plan(compiled, T, tensors, layout, compiled.device.dlpack_device_type() == 1,
+                 generation)
 
 
 def _is_int_scalar(value) -> bool:
@@ -157,11 +236,25 @@ def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm", device=None):
     if not device_exists(dev):
         _build.build(spec)  # code generation errors surface first
         raise missing_device_error("cell_grad_matmul", dev, spec.target)
-    mod = _build.get_module(spec)
-    args = [tvm.runtime.tensor(_native(arrays[n]), dev) for n in INPUTS]
-    outs = [tvm.runtime.empty(s, dtype, dev) for s in shapes]
-    mod[spec.func_name](*args, *outs)
-    return result(*(t.numpy() for t in outs))
+    func = _build.get_module(spec)[spec.func_name]
+    if dev.dlpack_device_type() != 1:
+        args = [tvm.runtime.tensor(_native(arrays[n]), dev) for n in INPUTS]
+        outs = [tvm.runtime.empty(s, dtype, dev) for s in shapes]
+        func(*args, *outs)
+        return result(*(t.numpy() for t in outs))
+    layout = _grad_matmul_layouts.get((dtype, B, I, H))
+    if layout is None:
+        if len(_grad_matmul_layouts) >= 256:
+            _grad_matmul_layouts.clear()
+        layout = _grad_matmul_layouts[(dtype, B, I, H)] = OutputLayout(shapes, dtype)
+    slot = ("cell_grad_matmul", id(layout))
+    outputs, out_tensors = layout.allocate(slot)
+    func(*kernel_args([arrays[n] for n in INPUTS], slot), *out_tensors)
+    return result(*outputs)
+
+
+#: The output layouts of cell_grad_matmul by dtype and sizes.
+_grad_matmul_layouts: dict[tuple, OutputLayout] = {}
 
 
 def _check_cell_grad_matmul(arrays):

@@ -12,6 +12,7 @@ tensor is the op's ``T`` attribute (float16 or float32); ``seq_len_max`` is an i
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping
 
 #: Element dtypes the ops accept (TF's ``T`` attribute).
@@ -90,15 +91,15 @@ class OpSpec:
     attrs: tuple[AttrSpec, ...]
     doc: str = ""
 
-    @property
+    @functools.cached_property
     def input_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.inputs)
 
-    @property
+    @functools.cached_property
     def output_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.outputs)
 
-    @property
+    @functools.cached_property
     def attr_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.attrs)
 

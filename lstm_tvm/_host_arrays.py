@@ -1,0 +1,126 @@
+"""NumPy arrays handed to CPU kernels without copies, and aligned output arrays.
+
+The kernels read and write their buffers with vector loads that assume TVM's 64-byte
+alignment (a misaligned pointer crashes them), so a NumPy array is passed by DLPack only when
+it is C-contiguous, writeable, in native byte order and 64-byte aligned; any other array is
+copied once into an aligned staging buffer of the calling thread (reused from call to call).
+Outputs are views into one aligned buffer per call; a thread reuses its last buffer only when
+nothing references it any more (the caller dropped every output of that call), so an output
+the caller keeps is never overwritten and a serving loop touches no fresh memory.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import tvm_ffi
+
+__all__ = ["ALIGNMENT", "OutputLayout", "aligned_empty", "kernel_args"]
+
+#: The data alignment TVM's kernels assume.
+ALIGNMENT = 64
+
+_local = threading.local()
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 array of ``nbytes`` whose data is :data:`ALIGNMENT`-aligned (a
+    view; its ``base`` owns the memory, and every view made of it refers to that base)."""
+    return _aligned(np.empty(nbytes + ALIGNMENT, np.uint8), nbytes)
+
+
+def _aligned(raw: np.ndarray, nbytes: int) -> np.ndarray:
+    start = -raw.__array_interface__["data"][0] % ALIGNMENT
+    return raw[start:start + nbytes]
+
+
+#: Configurations a thread keeps buffers for (all are dropped past it).
+_POOL_SIZE = 256
+#: Inputs smaller than this are copied even when aligned: checking costs about as much.
+_COPY_BELOW = 16384
+
+
+def kernel_args(arrays, slot) -> list:
+    """TVM tensors reading ``arrays``: their own memory when the kernels can read it in place,
+    else copies in the calling thread's staging buffers for ``slot`` (a hashable naming the
+    call's configuration; its buffers are reused by its next call in the thread)."""
+    pool = _pool("inputs")
+    staged = pool.get(slot)
+    if staged is None or len(staged) != len(arrays):
+        if len(pool) > _POOL_SIZE:
+            pool.clear()
+        staged = pool[slot] = [None] * len(arrays)
+    out = []
+    for i, array in enumerate(arrays):
+        flags = array.flags
+        if (array.nbytes >= _COPY_BELOW and flags.c_contiguous and flags.writeable
+                and array.dtype.isnative
+                and not array.__array_interface__["data"][0] % ALIGNMENT):
+            out.append(tvm_ffi.from_dlpack(array, require_alignment=ALIGNMENT,
+                                           require_contiguous=True))
+            continue
+        entry = staged[i]
+        if entry is None or entry[0].shape != array.shape or entry[0].dtype != array.dtype:
+            view = aligned_empty(array.nbytes).view(array.dtype.newbyteorder("=")).reshape(
+                array.shape)
+            entry = staged[i] = (view, tvm_ffi.from_dlpack(view))
+        np.copyto(entry[0], array, casting="equiv")
+        out.append(entry[1])
+    return out
+
+
+def _pool(name: str) -> dict:
+    pool = getattr(_local, name, None)
+    if pool is None:
+        pool = {}
+        setattr(_local, name, pool)
+    return pool
+
+
+class OutputLayout:
+    """Where each output of one set of shapes lies in a call's output buffer (every output
+    starts :data:`ALIGNMENT`-aligned)."""
+
+    def __init__(self, shapes, dtype):
+        self.dtype = np.dtype(dtype)
+        self.shapes = [tuple(s) for s in shapes]
+        self.spans, offset = [], 0
+        for shape in self.shapes:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+            self.spans.append((offset, nbytes))
+            offset += -(-nbytes // ALIGNMENT) * ALIGNMENT
+        self.nbytes = max(offset, ALIGNMENT)
+
+    def allocate(self, slot):
+        """``(arrays, tensors)``: the outputs as NumPy arrays and as TVM tensors over the same
+        memory, in a buffer nobody else references."""
+        pool = _pool("outputs")
+        entry = pool.get(slot)
+        if entry is not None:
+            raw, arrays, tensors, alone, layout = entry
+            # Every view of the memory refers to its owner ``raw``, and the outputs returned
+            # are ``arrays`` themselves: with as many references to each as when the pool alone
+            # held them, no output of the last call (nor any view of one) is alive, and the
+            # memory may be written again.
+            if layout is self and _references(raw, arrays) == alone and all(
+                    a.shape == s and a.dtype == self.dtype and a.flags.writeable
+                    for a, s in zip(arrays, self.shapes)):  # nor reshaped or frozen since
+                return arrays, tensors
+        raw = np.empty(self.nbytes + ALIGNMENT, np.uint8)
+        buf = _aligned(raw, self.nbytes)
+        arrays = [buf[o:o + n].view(self.dtype).reshape(s)
+                  for (o, n), s in zip(self.spans, self.shapes)]
+        tensors = [tvm_ffi.from_dlpack(a) for a in arrays]
+        del buf
+        if len(pool) > _POOL_SIZE:
+            pool.clear()
+        pool[slot] = entry = (raw, arrays, tensors, None, self)
+        alone = _references(raw, arrays)  # counted as in the check above
+        pool[slot] = (raw, arrays, tensors, alone, self)
+        return arrays, tensors
+
+
+def _references(raw, arrays) -> tuple:
+    return (sys.getrefcount(raw), *(sys.getrefcount(a) for a in arrays))

@@ -1,0 +1,185 @@
+"""raw_ops' CPU dispatch: configurations remembered, inputs read in place or copied once,
+outputs written where they are returned. Every case checks results against the float64
+reference; none measures time."""
+
+import numpy as np
+import pytest
+
+import lstm_tvm
+from lstm_tvm import _host_arrays, api, build, reference, registry, testing
+
+SEQ = "BlockLSTMGradV2"
+ATTRS = {"use_peephole": True}
+
+
+def _inputs(op_name=SEQ, B=3, seed=0, dtype="float32", T=6, I=20, H=24):
+    return testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T, seed=seed,
+                               attrs=ATTRS)
+
+
+def _check(got, inputs, op_name=SEQ, dtype="float32"):
+    ref = reference.run(op_name, inputs, ATTRS)
+    for name in registry.get_op(op_name).output_names:
+        testing.assert_close(getattr(got, name), ref[name], dtype, f"{op_name}.{name}")
+
+
+def _run(inputs, op_name=SEQ):
+    return getattr(lstm_tvm.raw_ops, op_name)(**inputs, **ATTRS)
+
+
+def test_outputs_the_caller_keeps_are_never_written_by_a_later_call():
+    first_in, second_in = _inputs(seed=1), _inputs(seed=2)
+    first = _run(first_in)
+    kept_view = first.x_grad[1:]  # a view alone keeps the memory too
+    h_grad = first.h_prev_grad
+    del first
+    second = _run(second_in)
+    third = _run(second_in)
+    _check(second, second_in)
+    _check(third, second_in)
+    ref = reference.run(SEQ, first_in, ATTRS)
+    testing.assert_close(kept_view, ref["x_grad"][1:], "float32", "kept view of x_grad")
+    testing.assert_close(h_grad, ref["h_prev_grad"], "float32", "kept h_prev_grad")
+    for a in second:
+        for b in third:
+            assert not np.shares_memory(a, b)
+
+
+def test_a_loop_that_drops_its_outputs_reuses_their_memory():
+    inputs = _inputs(seed=3)
+    pointers = []
+    for _ in range(3):
+        got = _run(inputs)
+        _check(got, inputs)
+        pointers.append(got.x_grad.__array_interface__["data"][0])
+        del got
+    assert pointers[1] == pointers[2], "no output kept: the same memory is written again"
+
+
+def _aligned_copy(a):
+    out = _host_arrays.aligned_empty(a.nbytes).view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _misaligned_copy(a):
+    buf = _host_arrays.aligned_empty(a.nbytes + 64)
+    out = buf[4:4 + a.nbytes].view(a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
+def _strided(a):
+    wide = np.zeros(a.shape + (2,), a.dtype)
+    wide[..., 0] = a
+    return wide[..., 0]
+
+
+def _big_endian(a):
+    return a.astype(a.dtype.newbyteorder(">"))
+
+
+def _read_only(a):
+    out = a.copy()
+    out.flags.writeable = False
+    return out
+
+
+def _fortran(a):
+    return np.asfortranarray(a)
+
+
+LAYOUTS = [_aligned_copy, _misaligned_copy, _strided, _big_endian, _read_only, _fortran]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda f: f.__name__.strip("_"))
+@pytest.mark.parametrize("big", [False, True], ids=["small", "past the copy threshold"])
+def test_inputs_of_every_layout_give_the_right_answer(layout, big):
+    # big: x alone holds T*B*I float32s past the size below which inputs are always copied
+    inputs = _inputs(seed=4, T=40, B=9, I=32) if big else _inputs(seed=4)
+    if big:
+        assert inputs["x"].nbytes >= _host_arrays._COPY_BELOW
+    odd = {k: (layout(v) if v.ndim else v) for k, v in inputs.items()}
+    before = {k: np.array(v, copy=True) for k, v in odd.items()}
+    for _ in range(2):  # the second call reuses the staging buffers
+        _check(_run(odd), inputs)
+    for k, v in odd.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=f"input {k} was modified")
+
+
+def test_an_aligned_input_is_read_in_place():
+    a = _aligned_copy(np.ones((64, 64), np.float32))
+    (tensor,) = _host_arrays.kernel_args([a], "in-place test")
+    assert np.shares_memory(np.from_dlpack(tensor), a)
+    b = _misaligned_copy(np.ones((64, 64), np.float32))
+    (copied,) = _host_arrays.kernel_args([b], "copy test")
+    assert not np.shares_memory(np.from_dlpack(copied), b)
+
+
+@pytest.mark.parametrize("B", [1, 2, 3, 5, 8, 9])
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTMV2", "BlockLSTMGrad"])
+def test_batch_sizes_through_the_dispatch(op_name, B):
+    inputs = _inputs(op_name, B=B, seed=B, T=3, I=8, H=16)
+    _check(_run(inputs, op_name), inputs, op_name)
+
+
+def test_seq_len_max_is_checked_on_every_call():
+    inputs = _inputs(seed=5)
+    _check(_run(inputs), inputs)
+    with pytest.raises(ValueError, match=r"BlockLSTMGradV2: input 'seq_len_max' expected 0 <= "
+                                         r"seq_len_max <= T = 6, got 7"):
+        _run({**inputs, "seq_len_max": np.int64(7)})
+    shorter = {**inputs, "seq_len_max": np.int64(2)}
+    _check(_run(shorter), shorter)
+
+
+def test_a_configuration_is_compiled_once_until_the_cache_is_cleared(monkeypatch):
+    inputs = _inputs(seed=6)
+    calls = []
+    real = api.compile
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("lstm_tvm.raw_ops._compile", counting)
+    _run(inputs)
+    _run(_inputs(seed=7))  # same shapes, dtypes, attributes: the same configuration
+    assert len(calls) <= 1
+    seen = len(calls)
+    build.clear_memory_cache()
+    _check(_run(inputs), inputs)
+    assert len(calls) == seen + 1
+
+
+def test_an_output_changed_in_place_and_dropped_is_not_handed_out_again():
+    inputs = _inputs(seed=8)
+    got = _run(inputs)
+    got.x_grad.shape = (-1,)
+    got.h_prev_grad.flags.writeable = False
+    del got
+    again = _run(inputs)
+    _check(again, inputs)
+    assert again.h_prev_grad.flags.writeable
+
+
+def test_an_attribute_equal_to_a_valid_one_but_of_another_type_is_still_refused():
+    inputs = _inputs("LSTMBlockCell", B=2, seed=9, T=None)
+    lstm_tvm.raw_ops.LSTMBlockCell(**inputs, use_peephole=True)
+    with pytest.raises(TypeError, match="use_peephole"):
+        lstm_tvm.raw_ops.LSTMBlockCell(**inputs, use_peephole=1.0)  # 1.0 == True
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda f: f.__name__.strip("_"))
+def test_cell_grad_matmul_takes_every_layout_and_keeps_kept_outputs(layout):
+    rng = np.random.default_rng(10)
+    B, I, H = 5, 12, 16
+    args = [rng.standard_normal(s).astype(np.float32)
+            for s in ((B, I), (B, H), (I + H, 4 * H), (B, 4 * H))]
+    first = lstm_tvm.cell_grad_matmul(*(layout(a) for a in args))
+    other = [a[::-1].copy() for a in args]
+    second = lstm_tvm.cell_grad_matmul(*other)
+    for got, inputs in ((first, args), (second, other)):
+        ref = reference.cell_grad_matmul(*inputs)
+        for name, value in zip(got._fields, got):
+            testing.assert_close(value, ref[name], "float32", f"cell_grad_matmul.{name}")
