@@ -40,10 +40,16 @@ from . import bench_peers as peers
 from ._cli_common import format_table, parse_shapes
 from .registry import forget_bias_of, get_op
 
-__all__ = ["run", "render", "parse_shapes", "case_ops", "case_flops", "case_bytes"]
+__all__ = ["DEFAULT_SHAPES", "LATENCY_SHAPES", "run", "render", "parse_shapes", "case_ops",
+           "case_flops", "case_bytes"]
 
 DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
-PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "numpy": "roofline"}
+#: ``lstm-tvm bench --latency``: deployment batch sizes, and a tiny op for per-call overhead.
+LATENCY_SHAPES = tuple((100, b, n, n) for n in (256, 512) for b in (1, 4, 8)) + ((1, 1, 16, 16),)
+PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "ort": "ORT",
+              "numpy": "roofline"}
+#: Rows whose speed ratios against the peers are shown: lstm_tvm's two paths.
+OURS = ("lstm_tvm", "raw_ops")
 
 
 def case_ops(case: str, v2: bool = False) -> tuple[str, ...]:
@@ -231,10 +237,13 @@ def aggregate(results: list[dict], opts: dict) -> list[dict]:
         r["gflops"] = r["flops"] / (t * 1e6) if t and r["flops"] and not copy else None
         cell_row = r["case"].startswith("cell") and (r["impl"] != "numpy" or copy)
         r["gbs"] = r["bytes"] / (t * 1e6) if t and cell_row else None
-        peers_ms = {p: ms.get((tuple(r["shape"]), r["case"], p)) for p in ("tf", "torch", "numpy")}
+        peers_ms = {p: ms.get((tuple(r["shape"]), r["case"], p))
+                    for p in ("tf", "torch", "ort", "numpy")}
         for peer, their in peers_ms.items():
-            mine = r["impl"] == "lstm_tvm" or (peer == "numpy" and r["impl"] != "numpy")
+            mine = r["impl"] in OURS or (peer == "numpy" and r["impl"] != "numpy")
             r[f"vs_{PEER_NAMES[peer]}"] = their / t if t and their and mine else None
+        kernel = ms.get((tuple(r["shape"]), r["case"], "lstm_tvm"))
+        r["over_kernel"] = t / kernel if r["impl"] == "raw_ops" and t and kernel else None
     return rows
 
 
@@ -254,19 +263,26 @@ def render(report: dict) -> str:
     vers = ", ".join(f"{k} {val}" for k, val in v.items() if val)
     table = format_table(
         ("shape TxBxIxH", "case", "impl", "median ms", "min ms", "GFLOP/s", "GB/s", "peak MiB",
-         "vs TF", "vs torch", "vs roofline", "compile s", "timed"),
+         "vs TF", "vs torch", "vs ORT", "vs roofline", "compile s", "timed"),
         [("x".join(map(str, r["shape"])), r["label"], r["impl"],
           _num(r.get("median_ms"), ".3f") if r["status"] == "ok" else r["status"],
           _num(min(r["times_ms"]) if r["status"] == "ok" else None, ".3f"),
           _num(r["gflops"], ".1f"), _num(r["gbs"], ".2f"), _num(r.get("peak_mib"), ".1f"),
-          _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"), _num(r["vs_roofline"], ".2f"),
+          _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"), _num(r["vs_ORT"], ".2f"),
+          _num(r["vs_roofline"], ".2f"),
           _num(r.get("compile_s"), ".2f") + ("*" if r.get("cached") else ""),
-          r.get("what", "-")) for r in rows], right=range(3, 12))
-    notes = ["vs X = X's median time / this row's median (> 1: this row is faster); vs TF and "
-             "vs torch on lstm_tvm rows; roofline = NumPy float32 GEMM of the same FLOPs.",
+          r.get("what", "-")) for r in rows], right=range(3, 13))
+    notes = ["vs X = X's median time / this row's median (> 1: this row is faster); vs TF, "
+             "torch and ORT on lstm_tvm and raw_ops rows; roofline = NumPy float32 GEMM of the "
+             "same FLOPs. lstm_tvm = CompiledOp on TVM tensors with out=; raw_ops = "
+             "lstm_tvm.raw_ops on NumPy arrays, TF and PyTorch imported in its process; ORT = "
+             "ONNX Runtime's built-in LSTM op.",
              "min ms far below median ms: the calls were disturbed (other load on the cores).",
              "GB/s (cell cases) = bytes of all op inputs+outputs / time; peak MiB = RSS "
              "high-water growth during the calls; compile s * = loaded from the disk cache."]
+    notes += [f"raw_ops / CompiledOp {r['label']} {'x'.join(map(str, r['shape']))}: "
+              f"{r['over_kernel']:.3f} ({r['median_ms'] * 1e3:.1f} us per call)"
+              for r in rows if r.get("over_kernel")]
     notes += [f"{r['impl']} {r['label']} {'x'.join(map(str, r['shape']))}: {r['status']}: "
               f"{r.get('error', '')}" for r in rows if r["status"] != "ok"]
     return "\n".join([head, vers, "", table, ""] + notes + [f"wall time: {meta['wall_s']:.1f} s"])

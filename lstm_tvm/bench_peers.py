@@ -35,10 +35,13 @@ import numpy as np
 CASES = {"seq_fwd": "seq fwd", "seq_bwd": "seq bwd", "cell_fwd": "cell fwd",
          "cell_bwd": "cell bwd (gates only)", "cell_bwd_full": "cell bwd (gates+matmul)"}
 #: Implementation key -> the importable package it needs.
-PACKAGES = {"lstm_tvm": "tvm", "tf": "tensorflow", "torch": "torch", "numpy": "numpy"}
+PACKAGES = {"lstm_tvm": "tvm", "raw_ops": "tvm", "tf": "tensorflow", "torch": "torch",
+            "ort": "onnxruntime", "numpy": "numpy"}
 IMPLS = tuple(PACKAGES)
 #: (impl, case) pairs with no counterpart: reported "n/a" with this reason, never run.
-NOT_APPLICABLE = {("torch", "cell_bwd"): "PyTorch has no gates-only cell gradient"}
+NOT_APPLICABLE = {("torch", "cell_bwd"): "PyTorch has no gates-only cell gradient",
+                  **{("ort", case): "ONNX's LSTM is a sequence forward op" for case in CASES
+                     if case != "seq_fwd"}}
 DONE_MARK = "@@done"
 
 
@@ -186,6 +189,28 @@ def _sizes(inputs: dict) -> tuple[int, int, int, int]:
     return (x.shape[0] if x.ndim == 3 else 1), x.shape[-2], x.shape[-1], inputs["cs_prev"].shape[1]
 
 
+def make_raw_ops(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
+    """``lstm_tvm.raw_ops`` on the NumPy inputs, in a process that has imported TF and PyTorch
+    (when installed) as a TF user's has: the drop-in path, dispatch included."""
+    for package in ("tensorflow", "torch"):
+        if importlib.util.find_spec(package) is not None:
+            importlib.import_module(package)
+    import lstm_tvm
+
+    name = item["ops"][0]
+    fn = getattr(lstm_tvm.raw_ops, name)
+    args = {k: np.int64(v) if k == "seq_len_max" else v for k, v in inputs.items()}
+    if len(item["ops"]) == 1:
+        return Runner(lambda: fn(**args, use_peephole=False), f"lstm_tvm.raw_ops.{name}",
+                      keep=args)
+
+    def call():
+        grads = fn(**args, use_peephole=False)
+        return lstm_tvm.cell_grad_matmul(args["x"], args["h_prev"], args["w"], grads.dicfo)
+
+    return Runner(call, "raw_ops.LSTMBlockCellGrad + cell_grad_matmul", keep=args)
+
+
 # --- TensorFlow -------------------------------------------------------------------------------
 
 def make_tf(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
@@ -263,6 +288,44 @@ def make_torch(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
     return Runner(call, f"{name} backward() only", prepare=prepare, keep=(mod, t, graph))
 
 
+# --- ONNX Runtime -----------------------------------------------------------------------------
+
+def make_ort(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
+    """ONNX Runtime's built-in ``LSTM`` (the standard ONNX op, CPU execution provider) with the
+    case's weights, gates reordered to ONNX's i, o, f, c; inputs fed as NumPy arrays."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    T, B, I, H = _sizes(inputs)
+    cols = np.concatenate([np.arange(H) + H * item["layout"].index(g) for g in "IOFC"])
+    bias = inputs["b"][cols].astype(np.float32)
+    bias[2 * H:3 * H] += item["forget_bias"]
+    w = inputs["w"].astype(np.float32)
+    weights = [numpy_helper.from_array(w[:I, cols].T[None].copy(), "W"),
+               numpy_helper.from_array(w[I:, cols].T[None].copy(), "R"),
+               numpy_helper.from_array(np.concatenate([bias, np.zeros_like(bias)])[None], "B")]
+    elem = TensorProto.FLOAT if dtype == "float32" else TensorProto.FLOAT16
+    graph = helper.make_graph(
+        [helper.make_node("LSTM", ["X", "W", "R", "B", "", "initial_h", "initial_c"],
+                          ["Y", "Y_h", "Y_c"], hidden_size=H)],
+        "lstm", [helper.make_tensor_value_info("X", elem, [T, B, I]),
+                 helper.make_tensor_value_info("initial_h", elem, [1, B, H]),
+                 helper.make_tensor_value_info("initial_c", elem, [1, B, H])],
+        [helper.make_tensor_value_info("Y", elem, [T, 1, B, H]),
+         helper.make_tensor_value_info("Y_h", elem, [1, B, H]),
+         helper.make_tensor_value_info("Y_c", elem, [1, B, H])], weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8)
+    onnx.checker.check_model(model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = ctx.get("threads", 0)
+    sess = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"])
+    feeds = {"X": inputs["x"], "initial_h": inputs["h_prev"][None],
+             "initial_c": inputs["cs_prev"][None]}
+    return Runner(lambda: sess.run(None, feeds), "onnxruntime LSTM (CPU EP)", keep=(sess, feeds))
+
+
 # --- NumPy roofline ---------------------------------------------------------------------------
 
 def make_numpy(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
@@ -289,7 +352,8 @@ def make_numpy(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
     return Runner(call, f"f32 GEMM ({m},{I + H})@({I + H},{4 * H}){times}", keep=(a, b, c))
 
 
-MAKERS = {"lstm_tvm": make_lstm_tvm, "tf": make_tf, "torch": make_torch, "numpy": make_numpy}
+MAKERS = {"lstm_tvm": make_lstm_tvm, "raw_ops": make_raw_ops, "tf": make_tf,
+          "torch": make_torch, "ort": make_ort, "numpy": make_numpy}
 
 
 # --- worker -----------------------------------------------------------------------------------
@@ -338,7 +402,7 @@ def run_job(job: dict, out_path: Path) -> list[dict]:
         configure_threads(job["impl"], job["threads"])
     except ImportError:
         pass  # each item then reports "not installed"
-    ctx: dict = {}
+    ctx: dict = {"threads": job["threads"]}
     for item in job["items"]:
         results.append(run_item(job, item, ctx))
         out_path.write_text(json.dumps(results))

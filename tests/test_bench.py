@@ -44,6 +44,10 @@ def test_every_case_and_impl(tmp_path):
         mine = rows[case, "lstm_tvm"]
         assert mine["compile_s"] > 0 and mine["vs_roofline"] > 0
         assert (mine["vs_TF"] or 0) > 0 or rows[case, "tf"]["status"] != "ok"
+        assert rows[case, "raw_ops"]["over_kernel"] > 0
+        assert f"raw_ops / CompiledOp {bench_peers.CASES[case]} 4x2x8x8" in output
+    if bench_peers.is_installed("ort"):
+        assert rows["seq_fwd", "lstm_tvm"]["vs_ORT"] > 0
     meta = data["meta"]
     assert meta["threads"] >= 1 and meta["repeat"] == 1 and meta["machine"]["cores"] >= 1
     assert f"threads {meta['threads']}, repeat 1" in output and meta["machine"]["cpu"] in output
@@ -96,3 +100,28 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__]))
+
+
+def test_the_onnx_runtime_peer_computes_the_same_lstm():
+    pytest.importorskip("onnxruntime")
+    from lstm_tvm import reference, registry, testing
+
+    op = registry.get_op("BlockLSTMV2")
+    inputs = testing.make_inputs(op.name, B=3, I=5, H=8, T=4, seed=1,
+                                 attrs={"use_peephole": False})
+    item = {"layout": op.gate_layout, "forget_bias": 0.0, "case": "seq_fwd"}
+    runner = bench_peers.make_ort(item, inputs, "float32", {"threads": 1})
+    y = runner.call()[0][:, 0]  # (T, num_directions, B, H)
+    want = reference.run(op.name, inputs, {"use_peephole": False})["h"]
+    testing.assert_close(y, want, "float32", "ORT LSTM Y vs BlockLSTMV2 h")
+
+
+def test_latency_preset_runs_the_deployment_shapes(tmp_path, monkeypatch):
+    captured = {}
+    monkeypatch.setattr("lstm_tvm.cli.bench.run",
+                        lambda opts: captured.update(opts) or {"meta": {}, "results": []})
+    monkeypatch.setattr("lstm_tvm.cli.bench.render", lambda report: "")
+    result = CliRunner().invoke(main, ["bench", "--latency", "--only", "numpy"])
+    assert result.exit_code == 0, result.output
+    assert captured["shapes"] == list(bench.LATENCY_SHAPES)
+    assert (100, 1, 256, 256) in captured["shapes"] and (1, 1, 16, 16) in captured["shapes"]

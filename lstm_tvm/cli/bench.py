@@ -11,7 +11,7 @@ import click
 
 from .. import bench_peers as peers
 from .._cli_common import parse_shapes, split_choices
-from ..bench import DEFAULT_SHAPES, machine, render, run
+from ..bench import DEFAULT_SHAPES, LATENCY_SHAPES, machine, render, run
 from ..registry import DTYPES
 
 __all__ = ["command"]
@@ -40,7 +40,12 @@ __all__ = ["command"]
 @click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
-def command(shapes, only, cases, json_path, **opts):
+@click.option("--latency", is_flag=True,
+              help="Deployment latency: shapes " + ",".join("x".join(map(str, s))
+                                                          for s in LATENCY_SHAPES)
+                   + " (T=100, B=1/4/8, I=H=256/512, and a tiny op for per-call overhead) "
+                   "unless --shapes is given.")
+def command(shapes, only, cases, json_path, latency, **opts):
     """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
 
     One worker process per implementation and case (--isolate case) times the median of
@@ -48,6 +53,8 @@ def command(shapes, only, cases, json_path, **opts):
     (cell cases), peak MiB and lstm_tvm's speed ratios. Peers that are not installed are
     reported as such. Exits with status 1 if an lstm_tvm case did not run.
     """
+    if latency and shapes == ",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES):
+        shapes = ",".join("x".join(map(str, s)) for s in LATENCY_SHAPES)
     try:
         opts["shapes"] = parse_shapes(shapes)
     except ValueError as exc:
