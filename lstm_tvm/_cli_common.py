@@ -34,8 +34,9 @@ def target_option(kinds=("llvm", "cuda"), verb: str = "builds for"):
 
     quoted = ", ".join(f'"{k}"' for k in kinds)
     return click.option("--target", default="llvm", show_default=True, callback=check,
-                        help=f'TVM target: {quoted} ("llvm": this CPU, with its -mcpu) or a '
-                             f"target JSON dict.")
+                        help=f'TVM target: {quoted} ("llvm": this CPU, with its -mcpu), '
+                             f'"aarch64" (64-bit Arm with NEON, built with a cross compiler) or '
+                             f"a target JSON dict.")
 
 
 def split_choices(value: str, allowed, option: str) -> list[str]:

@@ -23,7 +23,8 @@ from tvm.script.ir_builder import tirx as TB
 __all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "SBlock", "SBlockRealize",
            "resolve_target", "target_key", "host_cpu", "device_for", "configure_threads",
            "DEFAULT_CUDA_ARCH", "cuda_arch", "target_name", "build_scope", "device_exists",
-           "missing_device_error", "nvcc_compile"]
+           "missing_device_error", "nvcc_compile", "TARGET_ALIASES", "host_arch", "target_arch",
+           "target_triple"]
 
 
 @functools.cache
@@ -41,6 +42,32 @@ def _host_llvm() -> dict:
         # tuning flag only: CPUs without AVX-512 are unaffected.
         target["mattr"] = ["-prefer-256-bit"]
     return target
+
+
+#: Short names of target dicts: ``--target aarch64`` is any 64-bit Arm Linux core with NEON.
+TARGET_ALIASES = {
+    "aarch64": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]},
+}
+
+
+@functools.cache
+def _system_triple() -> str:
+    return str(tvm.target.codegen.llvm_get_system_triple())
+
+
+def target_triple(target) -> str:
+    """An ``llvm`` target's triple: its ``mtriple``, else this machine's."""
+    return str(target.attrs.get("mtriple", "") or _system_triple())
+
+
+def target_arch(target) -> str:
+    """An ``llvm`` target's architecture (``x86_64``, ``aarch64``), from its triple."""
+    return target_triple(target).split("-")[0]
+
+
+def host_arch() -> str:
+    """This machine's architecture, as LLVM names it (``x86_64``, ``aarch64``)."""
+    return _system_triple().split("-")[0]
 
 
 #: The CUDA architecture of a CUDA target that names none when no GPU is visible: ``sm_80``
@@ -62,13 +89,16 @@ def resolve_target(target: object = "llvm") -> "tvm.target.Target":
 
     ``"llvm"`` (and ``None``) mean this host's CPU with its ``mcpu``; ``"cuda"`` (or a CUDA dict
     without ``arch``) means CUDA for the local GPU's architecture, or :data:`DEFAULT_CUDA_ARCH`
-    without one; any other dict or JSON string is passed to ``tvm.target.Target`` as it is, e.g.
+    without one; a name of :data:`TARGET_ALIASES` (``"aarch64"``) its dict; any other dict or
+    JSON string is passed to ``tvm.target.Target`` as it is, e.g.
     ``{"kind": "cuda", "arch": "sm_90"}``.
     """
     if target is None or target == "llvm":
         return tvm.target.Target(_host_llvm())
     if isinstance(target, tvm.target.Target):
         return target
+    if isinstance(target, str) and target.strip() in TARGET_ALIASES:
+        return tvm.target.Target(TARGET_ALIASES[target.strip()])
     if isinstance(target, str):
         text = target.strip()
         target = json.loads(text) if text.startswith("{") else {"kind": text}
@@ -116,7 +146,13 @@ def device_exists(device) -> bool:
 
 def missing_device_error(where: str, device, target) -> RuntimeError:
     """The error raised when a kernel built for ``target`` is asked to run without its device."""
-    kind = str(resolve_target(target).kind.name)
+    resolved = resolve_target(target)
+    kind = str(resolved.kind.name)
+    if kind == "llvm" and target_arch(resolved) != host_arch():
+        return RuntimeError(
+            f"{where}: code built for {target_triple(resolved)} cannot run on this "
+            f"{host_arch()} machine (export it with lstm-tvm export and run it on the device; "
+            f"building works here)")
     what = "no CUDA device" if kind == "cuda" else f"no {kind} device"
     return RuntimeError(
         f"{where}: {what}: {device} is not present on this machine, so the kernel built for "

@@ -12,6 +12,7 @@ from . import build as _build
 from ._args import AliasGuard, bind_inputs, kernel_error, out_list
 from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
                    resolve_target, tvm)
+from .cross_compile import is_cross
 from .registry import DTYPES, OPS, get_op
 from .validation import (check_seq_len_max, expected_output_shapes, validate_attrs,
                          validate_inputs)
@@ -45,10 +46,11 @@ class CompiledOp:
         self.device = device if device is not None else device_for(self.target)
         if self.device.dlpack_device_type() == 1:  # CPU
             configure_threads()
-        if device_exists(self.device):
+        if device_exists(self.device) and not is_cross(self.target):
             self.module = _build.get_module(spec)
             self.func = self.module[spec.func_name]
-        else:  # e.g. CUDA without a GPU: build (errors surface now); calling raises
+        else:  # CUDA without a GPU, another CPU architecture: build (errors surface now); a
+            # call raises
             _build.build(spec)
             self.module = self.func = None
         self._tensors = tuple(n for n in self.op.input_names if n != "seq_len_max")

@@ -30,6 +30,7 @@ def command(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **opts)
     """Compile ops into one shared library for deployment, with manifest.json, ONNX models
     (onnx/<Op>.onnx) and a README.txt; load it with lstm_tvm.export.load(DIR) or from C++
     (examples/cpp). T and B stay dynamic; I, H, dtype and attributes are fixed."""
+    from ..cross_compile import CrossCompilerMissing
     from ..export import export
 
     attrs = {"use_peephole": use_peephole}
@@ -38,7 +39,7 @@ def command(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **opts)
     try:
         manifest = export(output, split_choices(ops_, OPS, "--ops"), attrs=attrs,
                           onnx=not no_onnx, **opts)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, CrossCompilerMissing) as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output / manifest['library']}: {manifest['dtype']}, I={opts['input_size']}, "
                f"H={opts['cell_size']}, target {manifest['target']['kind']}")

@@ -53,6 +53,7 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed, rpc_track
     records land under --target's key.
     """
     resolved = resolve_target(target)
+    from ..cross_compile import CrossCompilerMissing
     from ..tuning.database import database_dir
     from ..tuning.remote import RemoteError, Tracker, parse_address
     from ..tuning.session import exhaustion_report, tune
@@ -78,7 +79,7 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed, rpc_track
     try:
         results = tune(ops, dts, shape_list, resolved, trials, root=schedules_dir, seed=seed,
                        tracker=tracker)
-    except (ValueError, RemoteError) as exc:
+    except (ValueError, RemoteError, CrossCompilerMissing) as exc:
         raise click.ClickException(str(exc)) from None
     rows = []
     for r in results:

@@ -13,6 +13,7 @@ from pathlib import Path
 from .. import build as _build
 from .._files import atomic_path
 from .._tvm import resolve_target, tvm
+from ..cross_compile import export_options
 from ..registry import DTYPES, OPS
 from ..validation import validate_attrs
 from .manifest import LIBRARY, MANIFEST, dumps_manifest, make_manifest
@@ -54,6 +55,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
     from tqdm import tqdm
 
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
+    link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(specs) + 2 + bool(onnx), desc="export", unit="step", file=sys.stderr,
@@ -67,7 +69,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
         bar.set_postfix_str(f"compiling {len(funcs)} functions")
         executable = tvm.compile(tvm.IRModule(funcs), target=resolve_target(specs[0].target))
         bar.update()
-        sha256 = _export_library(executable, out / LIBRARY)
+        sha256 = _export_library(executable, out / LIBRARY, link)
         models = {}
         if onnx:
             bar.set_postfix_str("writing ONNX models")
@@ -104,10 +106,11 @@ def _specs(ops, target, dtype, input_size, cell_size, attrs: dict) -> list[_buil
     return specs
 
 
-def _export_library(executable, path: Path) -> str:
-    """``export_library`` to a temporary file renamed to ``path``; returns its SHA-256."""
+def _export_library(executable, path: Path, options: dict) -> str:
+    """``export_library`` (with ``options``, e.g. a cross compiler) to a temporary file renamed
+    to ``path``; returns its SHA-256."""
     with atomic_path(path) as tmp:
-        executable.export_library(str(tmp))
+        executable.export_library(str(tmp), **options)
         sha256 = hashlib.sha256(tmp.read_bytes()).hexdigest()
         os.chmod(tmp, 0o755)
     return sha256
@@ -126,13 +129,16 @@ def _write_onnx(specs, out: Path) -> dict[str, str]:
     return paths
 
 
-def cxx_build_command(source, output, compiler: str | None = None) -> list[str]:
+def cxx_build_command(source, output, compiler: str | None = None,
+                      libraries=None) -> list[str]:
     """The command that builds the C++ example ``source`` against this installation's TVM.
 
     ``compiler`` defaults to ``$CXX``, else the first of ``g++``, ``clang++``, ``c++`` on the
     ``PATH``; raises ``FileNotFoundError`` when there is none. Headers: tvm-ffi's include folder;
     libraries: ``libtvm_runtime.so`` (``--no-as-needed``: the kernels call its thread pool) and
-    ``libtvm_ffi.so``, with an rpath to both.
+    ``libtvm_ffi.so``, with an rpath to both: this installation's, or those in the folder
+    ``libraries`` (another architecture's, with its cross compiler as ``compiler``: see
+    :func:`lstm_tvm.cross_compile.fetch_runtime`).
     """
     import tvm.libinfo
     import tvm_ffi.libinfo
@@ -141,8 +147,11 @@ def cxx_build_command(source, output, compiler: str | None = None) -> list[str]:
         (c for c in ("g++", "clang++", "c++") if shutil.which(c)), None)
     if cxx is None:
         raise FileNotFoundError("cxx_build_command: no C++ compiler (g++, clang++, c++) on PATH")
-    ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
-    tvm_lib = Path(tvm.libinfo.find_libtvm_runtime()).parent
+    if libraries is not None:
+        ffi_lib = tvm_lib = Path(libraries)
+    else:
+        ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
+        tvm_lib = Path(tvm.libinfo.find_libtvm_runtime()).parent
     return [cxx, "-std=c++17", "-O2", str(source), f"-I{tvm_ffi.libinfo.find_include_path()}",
             f"-L{tvm_lib}", f"-L{ffi_lib}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
             f"-Wl,-rpath,{tvm_lib}:{ffi_lib}", "-o", str(output)]

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 
-from .._tvm import tvm
+from .._tvm import target_arch, tvm
 
 __all__ = ["CpuTraits", "cpu_traits"]
 
@@ -57,8 +57,7 @@ def cpu_traits(target) -> CpuTraits:
 @functools.lru_cache(maxsize=64)
 def _traits(target_json: str) -> CpuTraits:
     target = tvm.target.Target(json.loads(target_json))
-    triple = str(target.attrs.get("mtriple", "") or tvm.target.codegen.llvm_get_system_triple())
-    arch = triple.split("-")[0]
+    arch = target_arch(target)
     has = functools.partial(tvm.target.codegen.llvm_cpu_has_features, target=target)
     extension = next((f for f in ("avx512f", "avx2", "sve", "neon") if has(f)), "generic")
     if arch in ("x86_64", "i386", "i686"):

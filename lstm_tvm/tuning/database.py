@@ -37,7 +37,8 @@ def _machine(target) -> str:
     for name in ("mcpu", "arch"):
         if name in attrs and str(attrs[name]):
             return str(attrs[name])
-    return "generic"
+    # a CPU named by its triple alone (--target aarch64): its architecture
+    return str(attrs["mtriple"]).split("-")[0] if str(attrs.get("mtriple", "")) else "generic"
 
 
 def target_key(target) -> str:

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from .. import env
+from ..cross_compile import export_options
 from .._tvm import configure_threads, resolve_target
 from ..kernels import CELL_GRAD_MATMUL
 from ..registry import OPS, get_op
@@ -108,6 +109,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
                          f"measured on this {host.arch} machine; measure it on its devices "
                          f"(tracker and key: --rpc-tracker, --rpc-key)")
     if tracker is not None:
+        export_options(target)  # a missing cross compiler: before anything else
         runner = remote.runner(tracker, _evaluator(), remote.wait_for_servers(tracker))
         builder = _in_process_builder(shared_library=True)
     else:
@@ -285,7 +287,7 @@ def _in_process_builder(shared_library: bool = False):
                     folder = Path(tempfile.mkdtemp(prefix="lstm-tvm-tune-"))
                     if shared_library:
                         path = folder / "mod.so"
-                        lib.export_library(str(path))
+                        lib.export_library(str(path), **export_options(item.target))
                     else:
                         path = folder / "mod.tar"
                         lib.export_library(str(path), fcompile=tar)
