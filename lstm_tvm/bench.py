@@ -48,6 +48,11 @@ DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
 LATENCY_SHAPES = tuple((100, b, n, n) for n in (256, 512) for b in (1, 4, 8)) + ((1, 1, 16, 16),)
 PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "ort": "ORT",
               "numpy": "roofline"}
+#: ``--isa``: what each implementation may use. ``avx2``: lstm_tvm builds for an AVX2-only
+#: x86 (``x86-64-v3``: Haswell's instruction sets), PyTorch's oneDNN and ATen kernels are
+#: capped at AVX2 through their environment variables.
+ISAS = {"native": ({}, None), "avx2": ({"ONEDNN_MAX_CPU_ISA": "AVX2",
+                                         "ATEN_CPU_CAPABILITY": "avx2"}, "x86-64-v3")}
 #: Rows whose speed ratios against the peers are shown: lstm_tvm's two paths.
 OURS = ("lstm_tvm", "raw_ops")
 
@@ -151,12 +156,16 @@ def plan(opts: dict, folder: Path, bar=None) -> tuple[list[dict], list[dict]]:
         if bar is not None:
             bar.update(1)
     common = {k: opts[k] for k in ("dtype", "threads", "warmup", "repeat", "v2", "seed")}
+    mcpu = ISAS[opts.get("isa", "native")][1]
+    common["target"] = ("llvm" if mcpu is None else
+                        {"kind": "llvm", "mcpu": mcpu, "num-cores": opts["threads"]})
     return [dict(job, **common) for job in jobs.values()], fixed
 
 
-def worker_env(threads: int) -> dict:
-    """The workers' environment: every runtime's thread count, set before it starts."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def worker_env(threads: int, isa: str = "native") -> dict:
+    """The workers' environment: every runtime's thread count and, with ``isa``, its
+    instruction-set cap (:data:`ISAS`), set before it starts."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **ISAS[isa][0])
     for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)
     return env
@@ -194,7 +203,7 @@ def run(opts: dict) -> dict:
     from tqdm import tqdm
 
     start, load = time.perf_counter(), [os.getloadavg()[0]]
-    env = worker_env(opts["threads"])
+    env = worker_env(opts["threads"], opts.get("isa", "native"))
     with tempfile.TemporaryDirectory(prefix="lstm-tvm-bench-") as tmp:
         folder = Path(tmp)
         if opts["no_cache"]:
@@ -210,6 +219,7 @@ def run(opts: dict) -> dict:
                 results += run_worker(job, folder, env, opts["timeout"], bar)
     meta = {k: opts[k] for k in ("dtype", "threads", "repeat", "warmup", "isolate", "v2",
                                  "seed", "no_cache")}
+    meta["isa"] = opts.get("isa", "native")
     meta.update(shapes=[list(s) for s in opts["shapes"]], cases=opts["cases"],
                 impls=opts["only"], machine=machine(), versions=versions(),
                 sequence_ops=list(case_ops("seq_fwd", opts["v2"]) + case_ops("seq_bwd",
@@ -257,7 +267,8 @@ def render(report: dict) -> str:
     meta, rows = report["meta"], report["results"]
     m, v = meta["machine"], meta["versions"]
     head = (f"threads {meta['threads']}, repeat {meta['repeat']} (medians), warmup "
-            f"{meta['warmup']}, dtype {meta['dtype']}, isolate {meta['isolate']}, machine: "
+            f"{meta['warmup']}, dtype {meta['dtype']}, isolate {meta['isolate']}, isa "
+            f"{meta.get('isa', 'native')}, machine: "
             f"{m['cpu']}, {m['cores']} cores, load avg {meta['load_avg'][0]:.2f} -> "
             f"{meta['load_avg'][1]:.2f} (1 min, whole machine)")
     vers = ", ".join(f"{k} {val}" for k, val in v.items() if val)

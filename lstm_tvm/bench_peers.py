@@ -132,7 +132,7 @@ def measure(runner: Runner, warmup: int, repeat: int) -> dict:
 
 # --- lstm_tvm ---------------------------------------------------------------------------------
 
-def _tvm_op(ctx: dict, op_name: str, dtype: str, I: int, H: int):
+def _tvm_op(ctx: dict, op_name: str, dtype: str, I: int, H: int, target="llvm"):
     """A CompiledOp (or CellGradMatmul's function), its compile seconds and cache hit; memoised."""
     from lstm_tvm import build as _build
     from lstm_tvm.api import compile as _compile
@@ -143,13 +143,14 @@ def _tvm_op(ctx: dict, op_name: str, dtype: str, I: int, H: int):
     if key not in ctx:
         matmul = op_name == _build.CELL_GRAD_MATMUL
         attrs = {} if matmul else validate_attrs(get_op(op_name), {"use_peephole": False})
-        spec = _build.make_spec(op_name, dtype, I, H, attrs)
+        spec = _build.make_spec(op_name, dtype, I, H, attrs, target)
         cached = _build.cache_path(spec).exists()
         start = time.perf_counter()
         if matmul:
             fn = _build.get_module(spec)[spec.func_name]
         else:
-            fn = _compile(op_name, dtype=dtype, input_size=I, cell_size=H, use_peephole=False)
+            fn = _compile(op_name, target=target, dtype=dtype, input_size=I, cell_size=H,
+                          use_peephole=False)
         ctx[key] = (fn, time.perf_counter() - start, cached)
     return ctx[key]
 
@@ -161,7 +162,7 @@ def make_lstm_tvm(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
 
     op = get_op(item["ops"][0])
     T, B, I, H = _sizes(inputs)
-    fn, compile_s, cached = _tvm_op(ctx, op.name, dtype, I, H)
+    fn, compile_s, cached = _tvm_op(ctx, op.name, dtype, I, H, ctx.get("target", "llvm"))
     dev = fn.device
     args = {k: int(v) if k == "seq_len_max" else tvm.runtime.tensor(v, dev)
             for k, v in inputs.items() if k in op.input_names}
@@ -171,7 +172,7 @@ def make_lstm_tvm(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
     if len(item["ops"]) == 1:
         return Runner(lambda: fn(**args, out=outs), f"{op.name} (CompiledOp, out=)",
                       compile_s=compile_s, cached=cached, keep=(args, outs))
-    mm, mm_s, mm_cached = _tvm_op(ctx, item["ops"][1], dtype, I, H)
+    mm, mm_s, mm_cached = _tvm_op(ctx, item["ops"][1], dtype, I, H, ctx.get("target", "llvm"))
     mm_outs = [tvm.runtime.tensor(np.zeros(s, dtype), dev)
                for s in ((B, I), (B, H), (I + H, 4 * H), (4 * H,))]
 
@@ -200,13 +201,15 @@ def make_raw_ops(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
     name = item["ops"][0]
     fn = getattr(lstm_tvm.raw_ops, name)
     args = {k: np.int64(v) if k == "seq_len_max" else v for k, v in inputs.items()}
+    target = ctx.get("target", "llvm")
     if len(item["ops"]) == 1:
-        return Runner(lambda: fn(**args, use_peephole=False), f"lstm_tvm.raw_ops.{name}",
-                      keep=args)
+        return Runner(lambda: fn(**args, use_peephole=False, target=target),
+                      f"lstm_tvm.raw_ops.{name}", keep=args)
 
     def call():
-        grads = fn(**args, use_peephole=False)
-        return lstm_tvm.cell_grad_matmul(args["x"], args["h_prev"], args["w"], grads.dicfo)
+        grads = fn(**args, use_peephole=False, target=target)
+        return lstm_tvm.cell_grad_matmul(args["x"], args["h_prev"], args["w"], grads.dicfo,
+                                         target=target)
 
     return Runner(call, "raw_ops.LSTMBlockCellGrad + cell_grad_matmul", keep=args)
 
@@ -402,7 +405,7 @@ def run_job(job: dict, out_path: Path) -> list[dict]:
         configure_threads(job["impl"], job["threads"])
     except ImportError:
         pass  # each item then reports "not installed"
-    ctx: dict = {"threads": job["threads"]}
+    ctx: dict = {"threads": job["threads"], "target": job.get("target", "llvm")}
     for item in job["items"]:
         results.append(run_item(job, item, ctx))
         out_path.write_text(json.dumps(results))

@@ -24,6 +24,7 @@ from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
 from .kernels import CELL_GRAD_MATMUL, kernel_func  # noqa: F401  (re-exported)
+from .kernels._builder import single_row_steps
 from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,10 @@ def _gemm_blocks(op, dtype, input_size, cell_size, attrs) -> tuple:
 def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
-    func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size, dict(spec.attrs))
     target = resolve_target(json.loads(spec.target))
+    with single_row_steps(str(target.kind.name) == "llvm"):
+        func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size,
+                           dict(spec.attrs))
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
     func = schedule_for(spec.op, func, target, failures, tuned=tuned)
     return func.with_attr("global_symbol", spec.func_name)

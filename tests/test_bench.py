@@ -11,6 +11,9 @@ from lstm_tvm import bench, bench_peers
 from lstm_tvm.cli import main
 
 TINY = ["--shapes", "4x2x8x8", "--repeat", "1", "--warmup", "0"]
+#: bench.plan's options for a tiny lstm_tvm-only run.
+_OPTS = {"shapes": [(4, 2, 8, 8)], "cases": ["cell_fwd"], "only": ["lstm_tvm"], "dtype": "float32",
+         "threads": 2, "warmup": 0, "repeat": 1, "v2": False, "seed": 0, "isolate": "case"}
 
 
 def _invoke(tmp_path, *args):
@@ -125,3 +128,16 @@ def test_latency_preset_runs_the_deployment_shapes(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     assert captured["shapes"] == list(bench.LATENCY_SHAPES)
     assert (100, 1, 256, 256) in captured["shapes"] and (1, 1, 16, 16) in captured["shapes"]
+
+
+def test_isa_avx2_builds_lstm_tvm_for_avx2_and_caps_pytorch(tmp_path):
+    from lstm_tvm import bench as bench_mod
+
+    output, data = _invoke(tmp_path, "--isa", "avx2", "--only", "lstm_tvm,raw_ops",
+                           "--cases", "cell_fwd")
+    assert data["meta"]["isa"] == "avx2" and "isa avx2" in output
+    assert all(r["status"] == "ok" for r in data["results"])
+    env = bench_mod.worker_env(2, "avx2")
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
+    jobs, _ = bench_mod.plan({**_OPTS, "isa": "avx2"}, tmp_path)
+    assert all(job["target"]["mcpu"] == "x86-64-v3" for job in jobs)

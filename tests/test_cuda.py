@@ -22,6 +22,7 @@ import lstm_tvm
 from lstm_tvm import build, reference, registry, testing, validation
 from lstm_tvm._tvm import DEFAULT_CUDA_ARCH, cuda_arch, nvcc_compile, resolve_target, target_name
 from lstm_tvm.kernels import BUILDERS, cell_grad_matmul
+from lstm_tvm.kernels._builder import single_row_steps
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
 
@@ -50,7 +51,8 @@ def _attrs(op_name, use_peephole=True):
 def _kernel(op_name, dtype, input_size, cell_size, attrs):
     if op_name == build.CELL_GRAD_MATMUL:
         return cell_grad_matmul(dtype, input_size, cell_size)
-    return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
+    with single_row_steps(False):  # as build.primfunc builds for a GPU
+        return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
 
 
 def _launches(func) -> int:

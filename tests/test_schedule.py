@@ -65,18 +65,29 @@ def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
 @pytest.mark.parametrize("op_name,sizes", [("BlockLSTM", (64, 512)), ("BlockLSTMGrad", (64, 128))])
 def test_each_step_launches_two_parallel_regions(op_name, sizes):
     """The recurrent GEMM (whose reduction, of 512 here, a GEMM outside the time loop would cut
-    into slabs, each a parallel loop) and the gate math: one parallel loop each per step."""
+    into slabs, each a parallel loop) and the gate math: one parallel loop each per step. The
+    GEMM has two versions, one row per tile for a batch of 1 or 2 and padded tiles from 3 on
+    (the branches of an ``if`` on ``B``): a step runs one of them."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})
     func = BUILDERS[op_name](op, "float32", *sizes, attrs)
     scheduled = schedule_for(op_name, func, resolve_target())
-    steps, parallel = [], []
+    steps = []
     tvm_ffi.structural_walk(scheduled.body, [(SBlock, lambda node: steps.append(node)
                                               if node.name_hint == STEP_BLOCK else None)])
     assert len(steps) == 1
-    tvm_ffi.structural_walk(steps[0].body, [(tirx.For, lambda node: parallel.append(node)
-                                             if node.kind == tirx.ForKind.PARALLEL else None)])
-    assert len(parallel) == 2
+    def parallel_loops(stmt) -> int:
+        found = []
+        tvm_ffi.structural_walk(stmt, [(tirx.For, lambda node: found.append(node)
+                                        if node.kind == tirx.ForKind.PARALLEL else None)])
+        return len(found)
+
+    branches = []
+    tvm_ffi.structural_walk(steps[0].body, [(tirx.IfThenElse, branches.append)])
+    assert len(branches) == 1 and branches[0].else_case is not None
+    then, other = (parallel_loops(b) for b in (branches[0].then_case, branches[0].else_case))
+    assert then == other == 1
+    assert parallel_loops(steps[0].body) - then - other + max(then, other) == 2
 
 
 def test_cpu_thread_pool_uses_every_core():

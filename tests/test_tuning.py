@@ -245,13 +245,15 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
     """The GEMMs inside the time loops run every step, and the weight gradient's GEMM runs
     once per chunk of rows it reduces over: their space never cuts the reduction, and records
     of the same GEMM outside such a loop do not apply to them."""
-    for op_name, in_loops in (("BlockLSTM", {"gates"}), ("BlockLSTMGrad", {"dh", "w_grad"})):
+    for op_name, in_loops in (("BlockLSTM", {"gates", "gates_rows"}),
+                              ("BlockLSTMGrad", {"dh", "dh_rows", "w_grad"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
         blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs)
         assert {b.name for b in blocks if b.per_step} == in_loops
         for name in in_loops:
-            task = next(t for t in task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, 64)
-                        if t.name == name)
+            batch = 1 if name.endswith("_rows") else 64  # a batch of one row runs *_rows
+            task = next(t for t in task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4,
+                                                      batch) if t.name == name)
             assert task.per_step and task.K >= 128 and space.choices(task)["k_block"] == []
             block = next(b for b in blocks if b.name == name)
             assert task.matches(block)

@@ -11,7 +11,7 @@ import click
 
 from .. import bench_peers as peers
 from .._cli_common import parse_shapes, split_choices
-from ..bench import DEFAULT_SHAPES, LATENCY_SHAPES, machine, render, run
+from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, machine, render, run
 from ..registry import DTYPES
 
 __all__ = ["command"]
@@ -40,6 +40,9 @@ __all__ = ["command"]
 @click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
+@click.option("--isa", type=click.Choice(list(ISAS)), default="native", show_default=True,
+              help="avx2: lstm_tvm builds for an AVX2-only x86 (x86-64-v3) and PyTorch is "
+                   "capped at AVX2 (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), on this machine.")
 @click.option("--latency", is_flag=True,
               help="Deployment latency: shapes " + ",".join("x".join(map(str, s))
                                                           for s in LATENCY_SHAPES)

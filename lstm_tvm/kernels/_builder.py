@@ -16,10 +16,11 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["FUSE_GROUP", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE", "STEP_BLOCK", "GemmBlock",
-           "T", "capture_gemms", "fixed_sizes", "flat", "gemm", "kernel", "padded",
-           "panel_scratch", "panels", "reduction", "row_chunks", "spatial", "temp",
-           "tensor_loads", "time_loop", "uses_var", "zero"]
+__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE",
+           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms", "fixed_sizes", "flat", "gemm",
+           "kernel", "padded", "panel_scratch", "panels", "reduction", "row_chunks",
+           "single_row_steps", "spatial", "step_gemm", "temp", "tensor_loads", "time_loop",
+           "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -271,6 +272,55 @@ def _bind_steps(extent):
     analyzer = Analyzer()
     analyzer.bind(*steps)
     return analyzer.simplify(extent)
+
+
+#: Batches below this many rows run their per-step GEMMs one row per tile, without padding.
+#: A one-row tile holds two vectors of accumulators, too few to hide the FMA latency, so from
+#: 3 rows on the padded ROW_TILE-row tile is as fast or faster (docs/performance.md).
+SINGLE_ROWS_BELOW = 3
+
+
+_SINGLE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("single_rows",
+                                                                    default=True)
+
+
+@contextlib.contextmanager
+def single_row_steps(enabled: bool):
+    """Build kernels with (default) or without the one-row-per-tile version of the per-step
+    GEMMs (:func:`step_gemm`): a CPU schedule's choice; the GPU schedules take one version."""
+    token = _SINGLE_ROWS.set(enabled)
+    try:
+        yield
+    finally:
+        _SINGLE_ROWS.reset(token)
+
+
+def step_gemm(name: str, out, out_rows, M, N, K, a: Callable, b: Callable,
+              init: Callable | None = None) -> None:
+    """A :func:`gemm` into ``out`` (``(padded(M), N)``) inside a time step over ``M`` batch
+    rows. Below :data:`SINGLE_ROWS_BELOW` rows (a single stream or two) block ``<name>_rows``
+    computes exactly ``M`` rows, one per tile, into ``out_rows`` (``flat(out, M)``, made
+    before the time loop), instead of a padded tile of ``ROW_TILE`` rows (8x the arithmetic
+    at B = 1); else block ``name`` as usual. Through the view each block is the only writer
+    of its buffer, as reductions must be. A constant ``M`` (tuning tasks) emits only the
+    block it takes."""
+    def rows_block():
+        gemm(f"{name}_rows", out_rows, M, N, K, a, b, init, pad=False)
+
+    if not _SINGLE_ROWS.get():
+        gemm(name, out, M, N, K, a, b, init)
+        return
+    if isinstance(M, (int, tirx.IntImm)):
+        if int(M) < SINGLE_ROWS_BELOW:
+            rows_block()
+        else:
+            gemm(name, out, M, N, K, a, b, init)
+        return
+    with T.If(M < SINGLE_ROWS_BELOW):
+        with T.Then():
+            rows_block()
+        with T.Else():
+            gemm(name, out, M, N, K, a, b, init)
 
 
 def tensor_loads(expr):

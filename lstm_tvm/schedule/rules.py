@@ -79,11 +79,14 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step.
     """
     rows, cols = _register_tile(m_extent, n_extent, traits.accumulators)
-    if rows <= 1 or cols is None:
+    if cols is None:
         return None
     slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
                                     if _divides(b, k_extent) and not _divides(k_extent, b)), 0)
-    return GemmTile(rows, cols, K_UNROLL if _divides(K_UNROLL, k_extent) else 1, slab)
+    # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
+    # thread reads each panel of the right operand once from memory for all rows.
+    return GemmTile(rows, cols, K_UNROLL if _divides(K_UNROLL, k_extent) else 1, slab,
+                    n_major=int(rows == 1))
 
 
 def schedule_for(op_name: str, func, target, failures: list | None = None,

@@ -1,0 +1,47 @@
+"""Deployment batch sizes through the sequence kernels: below ``SINGLE_ROWS_BELOW`` rows the
+per-step GEMMs (``gates`` forward, ``dh`` backward) run one row per tile without padding, from
+there the padded ``ROW_TILE``-row tiles; both paths against the float64 reference, with
+peepholes, an active clip, padded steps (``seq_len_max < T``) and float16."""
+
+import numpy as np
+import pytest
+
+import lstm_tvm
+from lstm_tvm import build, reference, registry, testing
+from lstm_tvm.kernels._builder import ROW_TILE, SINGLE_ROWS_BELOW
+from lstm_tvm.validation import validate_attrs
+
+SEQ_OPS = [n for n, op in registry.OPS.items() if op.kind == "sequence"]
+#: Both sides of each threshold: one row per tile, padded tiles, a whole tile and past it.
+BATCHES = sorted({1, SINGLE_ROWS_BELOW - 1, SINGLE_ROWS_BELOW, ROW_TILE - 1, ROW_TILE,
+                  ROW_TILE + 1})
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op_name", SEQ_OPS)
+def test_every_batch_size_matches_the_reference(op_name, dtype):
+    op = registry.get_op(op_name)
+    attrs = {"use_peephole": True}
+    if "cell_clip" in op.attr_names:
+        attrs["cell_clip"] = 0.5  # active: the cell state reaches past it
+    for B in BATCHES:
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=8, H=16, T=6, seed=B,
+                                     attrs=attrs)
+        inputs["seq_len_max"] = np.int64(4)
+        got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
+        ref = reference.run(op_name, inputs, attrs)
+        for name in op.output_names:
+            testing.assert_close(getattr(got, name), ref[name], dtype,
+                                 f"{op_name}.{name} B={B}")
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGradV2"])
+def test_the_single_row_blocks_are_scheduled(op_name):
+    op = registry.get_op(op_name)
+    spec = build.make_spec(op_name, "float32", 8, 16,
+                           validate_attrs(op, {"use_peephole": False}), "llvm")
+    failures = []
+    text = build.primfunc(spec, failures).script()
+    assert failures == []
+    block = "gates_rows" if op.direction == "forward" else "dh_rows"
+    assert f'T.sblock("{block}_init")' in text and "T.parallel" in text  # decomposed: tiled
