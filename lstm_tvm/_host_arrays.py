@@ -2,8 +2,9 @@
 
 The kernels read and write their buffers with vector loads that assume TVM's 64-byte
 alignment (a misaligned pointer crashes them), so a NumPy array is passed by DLPack only when
-it is C-contiguous, writeable, in native byte order and 64-byte aligned; any other array is
-copied once into an aligned staging buffer of the calling thread (reused from call to call).
+it is C-contiguous, writeable, in native byte order, 64-byte aligned and of 16 KiB or more
+(below, a copy costs no more than the checks); any other array is copied once into an aligned
+staging buffer of the calling thread (reused from call to call).
 Outputs are views into one aligned buffer per call; a thread reuses its last buffer only when
 nothing references it any more (the caller dropped every output of that call), so an output
 the caller keeps is never overwritten and a serving loop touches no fresh memory.

@@ -98,10 +98,10 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
                 _plans.clear()
             _plans[key] = plan
     result = output_tuple(op.name)
-    if plan.compiled is None:  # an empty input: every output is empty or zero
-        return result(*(np.zeros(s, plan.layout.dtype) for s in plan.layout.shapes))
     seq_len = (check_seq_len_max(op, arrays["seq_len_max"], plan.T),) if plan.T is not None \
         else ()
+    if plan.compiled is None:  # an empty input: every output is empty or zero
+        return result(*(np.zeros(s, plan.layout.dtype) for s in plan.layout.shapes))
     if not plan.on_cpu:
         dev = plan.compiled.device
         tensors = {n: tvm.runtime.tensor(_native(arrays[n]), dev) for n in plan.tensors}

@@ -183,3 +183,11 @@ def test_cell_grad_matmul_takes_every_layout_and_keeps_kept_outputs(layout):
         ref = reference.cell_grad_matmul(*inputs)
         for name, value in zip(got._fields, got):
             testing.assert_close(value, ref[name], "float32", f"cell_grad_matmul.{name}")
+
+
+def test_seq_len_max_is_checked_on_every_call_with_an_empty_batch_too():
+    inputs = _inputs(B=0, seed=11)
+    got = _run(inputs)
+    assert all(a.size == 0 or not a.any() for a in got)
+    with pytest.raises(ValueError, match="seq_len_max"):
+        _run({**inputs, "seq_len_max": np.int64(7)})
