@@ -13,7 +13,7 @@ from ._args import AliasGuard, bind_inputs, kernel_error, out_list
 from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
                    resolve_target, tvm)
 from .cross_compile import is_cross
-from .registry import DTYPES, OPS, get_op
+from .registry import DTYPES, KERNEL_OPS, get_op
 from .validation import (check_seq_len_max, expected_output_shapes, validate_attrs,
                          validate_inputs)
 
@@ -23,9 +23,6 @@ __all__ = ["compile", "CompiledOp", "output_tuple"]
 @functools.cache
 def output_tuple(op_name: str):
     """The named-tuple class of an op's outputs (TF's names and order)."""
-    if op_name == _build.CELL_GRAD_MATMUL:
-        from .kernels.cell_grad_matmul import OUTPUTS
-        return collections.namedtuple(op_name, OUTPUTS)
     return collections.namedtuple(op_name, get_op(op_name).output_names)
 
 
@@ -147,13 +144,14 @@ class CompiledOp:
 
 def compile(op_name: str, *, target="llvm", dtype: str = "float32", input_size: int,
             cell_size: int, device=None, **attrs) -> CompiledOp:
-    """Compile ``op_name`` (a TF op name, see :data:`lstm_tvm.OPS`) and return the callable.
+    """Compile ``op_name`` (a registry op, see :data:`lstm_tvm.registry.KERNEL_OPS`) and
+    return the callable.
 
     Parameters
     ----------
     op_name : str
         ``LSTMBlockCell``, ``LSTMBlockCellGrad``, ``BlockLSTM``, ``BlockLSTMGrad``,
-        ``BlockLSTMV2`` or ``BlockLSTMGradV2``.
+        ``BlockLSTMV2``, ``BlockLSTMGradV2`` or the helper ``CellGradMatmul``.
     target : str, dict or tvm.target.Target
         ``"llvm"`` (this host's CPU), ``"cuda"`` (the local GPU's architecture, else
         ``sm_80``), a target JSON dict (``{"kind": "cuda", "arch": "sm_90"}``), or a ``Target``.
@@ -197,9 +195,9 @@ def _size_arg(op_name: str, name: str, value) -> int:
 
 
 def _checked_op(op_name):
-    if op_name not in OPS:
-        raise ValueError(f"unknown op {op_name!r}; expected one of {list(OPS)}")
-    return OPS[op_name]
+    if op_name not in KERNEL_OPS:
+        raise ValueError(f"unknown op {op_name!r}; expected one of {list(KERNEL_OPS)}")
+    return KERNEL_OPS[op_name]
 
 
 def _same(a, b) -> bool:

@@ -79,13 +79,10 @@ def case_bytes(case: str, dtype: str, T: int, B: int, I: int, H: int) -> int:
     """Bytes of all inputs and outputs of a case's op(s) at ``dtype`` (``dicfo`` counted once)."""
     sizes = {"T": T, "B": B, "I": I, "H": H}
     elems = {}
-    for name in case_ops(case):
-        if name == "CellGradMatmul":  # its inputs x, h_prev, w, dicfo are counted already
-            elems.update(x_grad=B * I, h_prev_grad=B * H, w_grad=(I + H) * 4 * H, b_grad=4 * H)
-            continue
+    for name in case_ops(case):  # a tensor two ops share (dicfo, x, w, ...) counts once
         for spec in get_op(name).inputs + get_op(name).outputs:
             if spec.dtype == "T":
-                elems[spec.name] = int(np.prod(spec.concrete_shape(sizes)))
+                elems.setdefault(spec.name, int(np.prod(spec.concrete_shape(sizes))))
     return sum(elems.values()) * np.dtype(dtype).itemsize
 
 

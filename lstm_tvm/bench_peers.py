@@ -133,7 +133,7 @@ def measure(runner: Runner, warmup: int, repeat: int) -> dict:
 # --- lstm_tvm ---------------------------------------------------------------------------------
 
 def _tvm_op(ctx: dict, op_name: str, dtype: str, I: int, H: int, target="llvm"):
-    """A CompiledOp (or CellGradMatmul's function), its compile seconds and cache hit; memoised."""
+    """A CompiledOp, its compile seconds and cache hit; memoised."""
     from lstm_tvm import build as _build
     from lstm_tvm.api import compile as _compile
     from lstm_tvm.registry import get_op
@@ -141,16 +141,11 @@ def _tvm_op(ctx: dict, op_name: str, dtype: str, I: int, H: int, target="llvm"):
 
     key = (op_name, dtype, I, H)
     if key not in ctx:
-        matmul = op_name == _build.CELL_GRAD_MATMUL
-        attrs = {} if matmul else validate_attrs(get_op(op_name), {"use_peephole": False})
-        spec = _build.make_spec(op_name, dtype, I, H, attrs, target)
-        cached = _build.cache_path(spec).exists()
+        op = get_op(op_name)
+        attrs = validate_attrs(op, {"use_peephole": False} if op.attrs else {})
+        cached = _build.cache_path(_build.make_spec(op_name, dtype, I, H, attrs, target)).exists()
         start = time.perf_counter()
-        if matmul:
-            fn = _build.get_module(spec)[spec.func_name]
-        else:
-            fn = _compile(op_name, target=target, dtype=dtype, input_size=I, cell_size=H,
-                          use_peephole=False)
+        fn = _compile(op_name, target=target, dtype=dtype, input_size=I, cell_size=H, **attrs)
         ctx[key] = (fn, time.perf_counter() - start, cached)
     return ctx[key]
 
@@ -173,12 +168,12 @@ def make_lstm_tvm(item: dict, inputs: dict, dtype: str, ctx: dict) -> Runner:
         return Runner(lambda: fn(**args, out=outs), f"{op.name} (CompiledOp, out=)",
                       compile_s=compile_s, cached=cached, keep=(args, outs))
     mm, mm_s, mm_cached = _tvm_op(ctx, item["ops"][1], dtype, I, H, ctx.get("target", "llvm"))
-    mm_outs = [tvm.runtime.tensor(np.zeros(s, dtype), dev)
-               for s in ((B, I), (B, H), (I + H, 4 * H), (4 * H,))]
+    mm_outs = [tvm.runtime.tensor(np.zeros(s.concrete_shape(sizes), dtype), dev)
+               for s in mm.op.outputs]
 
     def call():
         grads = fn(**args, out=outs)
-        mm(args["x"], args["h_prev"], args["w"], grads.dicfo, *mm_outs)
+        mm(args["x"], args["h_prev"], args["w"], grads.dicfo, out=mm_outs)
 
     return Runner(call, "LSTMBlockCellGrad + cell_grad_matmul", compile_s=compile_s + mm_s,
                   cached=cached and mm_cached, keep=(args, outs, mm_outs))

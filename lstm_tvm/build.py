@@ -23,7 +23,7 @@ from filelock import FileLock
 from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
-from .kernels import CELL_GRAD_MATMUL, kernel_func  # noqa: F401  (re-exported)
+from .kernels import kernel_func
 from .kernels._builder import single_row_steps
 from .schedule import schedule_for
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
-import math
 from collections.abc import Mapping
 
 import numpy as np
@@ -30,12 +29,12 @@ import numpy as np
 from . import build as _build
 from ._args import kernel_error
 from ._host_arrays import OutputLayout, kernel_args
-from ._tvm import device_exists, device_for, missing_device_error, resolve_target, tvm
+from ._tvm import device_exists, missing_device_error, tvm
 from .api import CompiledOp
 from .api import compile as _compile
 from .api import output_tuple
-from .registry import OPS, OpSpec
-from .validation import (MAX_ELEMENTS, check_seq_len_max, expected_output_shapes,
+from .registry import CELL_GRAD_MATMUL, KERNEL_OPS, OPS, OpSpec
+from .validation import (check_seq_len_max, expected_output_shapes,
                          validate_attrs, validate_inputs)
 
 __all__ = list(OPS) + ["run", "cell_grad_matmul"]
@@ -78,11 +77,12 @@ def _native(array: np.ndarray) -> np.ndarray:
 
 def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="llvm",
         device=None):
-    """Run ``op_name`` on NumPy-convertible ``inputs`` with ``attrs`` on ``target`` (and
-    ``device``, default: device 0 of the target's kind); see the module doc."""
-    if op_name not in OPS:
-        raise ValueError(f"unknown op {op_name!r}; expected one of {list(OPS)}")
-    op = OPS[op_name]
+    """Run ``op_name`` (a TF op or a helper of :data:`lstm_tvm.registry.KERNEL_OPS`) on
+    NumPy-convertible ``inputs`` with ``attrs`` on ``target`` (and ``device``, default: device
+    0 of the target's kind); see the module doc."""
+    if op_name not in KERNEL_OPS:
+        raise ValueError(f"unknown op {op_name!r}; expected one of {list(KERNEL_OPS)}")
+    op = KERNEL_OPS[op_name]
     if not isinstance(inputs, Mapping):
         raise TypeError(f"{op.name}: expected inputs as a mapping, got {type(inputs).__name__}")
     arrays = {}
@@ -215,69 +215,13 @@ for _op in OPS.values():
 
 
 def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm", device=None):
-    """The matmul part of a cell's gradient, as TF's Python gradient of ``LSTMBlockCell``.
+    """The matmul part of a cell's gradient, as TF's Python gradient of ``LSTMBlockCell``: the
+    registry helper ``CellGradMatmul`` run like the ops.
 
     ``xh_grad = dicfo @ w^T`` gives ``x_grad`` (`(B, I)`) and ``h_prev_grad`` (`(B, H)`);
     ``w_grad = [x, h_prev]^T @ dicfo`` (`(I+H, 4H)`); ``b_grad = sum_b dicfo`` (`(4H,)`).
     Returns a named tuple ``(x_grad, h_prev_grad, w_grad, b_grad)`` of NumPy arrays.
     ``target`` and ``device`` choose where it runs, as for the ops.
     """
-    from .kernels.cell_grad_matmul import INPUTS
-
-    arrays = {n: _to_numpy(v, f"cell_grad_matmul: input {n!r}")
-              for n, v in zip(INPUTS, (x, h_prev, w, dicfo))}
-    dtype, (B, I, H) = _check_cell_grad_matmul(arrays)
-    shapes = [(B, I), (B, H), (I + H, 4 * H), (4 * H,)]
-    result = output_tuple(_build.CELL_GRAD_MATMUL)
-    if B == 0:
-        return result(*(np.zeros(s, dtype) for s in shapes))
-    spec = _build.make_spec(_build.CELL_GRAD_MATMUL, dtype, I, H, {}, target)
-    dev = device if device is not None else device_for(resolve_target(spec.target))
-    if not device_exists(dev):
-        _build.build(spec)  # code generation errors surface first
-        raise missing_device_error("cell_grad_matmul", dev, spec.target)
-    func = _build.get_module(spec)[spec.func_name]
-    if dev.dlpack_device_type() != 1:
-        args = [tvm.runtime.tensor(_native(arrays[n]), dev) for n in INPUTS]
-        outs = [tvm.runtime.empty(s, dtype, dev) for s in shapes]
-        func(*args, *outs)
-        return result(*(t.numpy() for t in outs))
-    layout = _grad_matmul_layouts.get((dtype, B, I, H))
-    if layout is None:
-        if len(_grad_matmul_layouts) >= 256:
-            _grad_matmul_layouts.clear()
-        layout = _grad_matmul_layouts[(dtype, B, I, H)] = OutputLayout(shapes, dtype)
-    slot = ("cell_grad_matmul", id(layout))
-    outputs, out_tensors = layout.allocate(slot)
-    func(*kernel_args([arrays[n] for n in INPUTS], slot), *out_tensors)
-    return result(*outputs)
-
-
-#: The output layouts of cell_grad_matmul by dtype and sizes.
-_grad_matmul_layouts: dict[tuple, OutputLayout] = {}
-
-
-def _check_cell_grad_matmul(arrays):
-    where = "cell_grad_matmul"
-    dtypes = {n: a.dtype.name for n, a in arrays.items()}
-    if dtypes["x"] not in ("float32", "float16"):
-        raise TypeError(f"{where}: input 'x' has dtype {dtypes['x']}; expected float16 or float32")
-    for n, d in dtypes.items():
-        if d != dtypes["x"]:
-            raise TypeError(f"{where}: input {n!r} has dtype {d}; expected {dtypes['x']} like 'x'")
-    for n, a in arrays.items():
-        if a.ndim != 2:
-            raise ValueError(f"{where}: input {n!r} expected rank 2, got shape {a.shape}")
-    (B, I), H = arrays["x"].shape, arrays["h_prev"].shape[1]
-    want = {"x": (B, I), "h_prev": (B, H), "w": (I + H, 4 * H), "dicfo": (B, 4 * H)}
-    for n, shape in want.items():
-        if arrays[n].shape != shape:
-            raise ValueError(f"{where}: input {n!r} expected shape {shape}, got {arrays[n].shape}")
-    if I < 1 or H < 1:
-        raise ValueError(f"{where}: input and cell sizes must be >= 1, got I={I}, H={H}")
-    for n, shape in {**want, "x_grad": (B, I), "h_prev_grad": (B, H), "w_grad": (I + H, 4 * H),
-                     "b_grad": (4 * H,)}.items():  # before any copy: 32-bit-safe indexing
-        if math.prod(shape) >= MAX_ELEMENTS:
-            raise ValueError(f"{where}: {'input' if n in want else 'output'} {n!r} would have "
-                             f"shape {shape}; expected fewer than 2**31 elements per tensor")
-    return dtypes["x"], (B, I, H)
+    return run(CELL_GRAD_MATMUL, {"x": x, "h_prev": h_prev, "w": w, "dicfo": dicfo},
+               target=target, device=device)

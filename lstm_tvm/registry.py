@@ -1,8 +1,11 @@
-"""The op registry: the single source of truth for the six TensorFlow LSTM block ops.
+"""The op registry: the single source of truth for the six TensorFlow LSTM block ops and
+lstm_tvm's one helper kernel.
 
 Everything that needs to know an op's name, its inputs and outputs (TF's order), their
-shapes, its attributes with TF's defaults, or its gate layout reads it from :data:`OPS`:
-validation, kernels, references, the ``raw_ops`` API, the CLI and the docs.
+shapes, its attributes with TF's defaults, or its gate layout reads it from here: validation,
+kernels, references, the ``raw_ops`` API, the CLI and the docs. :data:`OPS` holds the TF ops
+(what ``tf.raw_ops``, ONNX, tf2onnx and Relax know); :data:`HELPERS` the kernels TF computes
+in Python (``CellGradMatmul``); :data:`KERNEL_OPS` both, what lstm_tvm compiles.
 
 Shapes are written in the symbols ``T`` (time), ``B`` (batch), ``I`` (input size) and
 ``H`` (cell size); ``4H`` and ``I+H`` are derived dims. The element dtype of every float
@@ -78,7 +81,8 @@ class OpSpec:
 
     ``kind`` is ``"cell"`` (one step) or ``"sequence"`` (a time loop); ``direction`` is
     ``"forward"`` or ``"backward"``; ``pair`` names the op's forward (for a grad op) or
-    grad (for a forward op) partner.
+    grad (for a forward op) partner. ``tf_op`` is False for a helper of lstm_tvm's own, a
+    kernel of what TF computes in Python around its ops.
     """
 
     name: str
@@ -90,6 +94,7 @@ class OpSpec:
     outputs: tuple[TensorSpec, ...]
     attrs: tuple[AttrSpec, ...]
     doc: str = ""
+    tf_op: bool = True
 
     @functools.cached_property
     def input_names(self) -> tuple[str, ...]:
@@ -250,16 +255,41 @@ _OP_LIST = (
     _sequence_backward("BlockLSTMGradV2", "IFCO", "BlockLSTMV2"),
 )
 
-#: All ops by TF name, in a stable order.
+#: All TF ops by name, in a stable order.
 OPS: dict[str, OpSpec] = {op.name: op for op in _OP_LIST}
+
+#: Name of the cell gradient's matmul helper.
+CELL_GRAD_MATMUL = "CellGradMatmul"
+
+#: lstm_tvm's helper kernels by name: what TF's Python gradient computes around its ops.
+HELPERS: dict[str, OpSpec] = {CELL_GRAD_MATMUL: OpSpec(
+    name=CELL_GRAD_MATMUL, kind="cell", direction="backward", gate_layout="ICFO",
+    pair="LSTMBlockCell", tf_op=False,
+    inputs=(TensorSpec("x", ("B", "I"), doc="the input"),
+            TensorSpec("h_prev", ("B", "H"), doc="the output of the previous step"),
+            TensorSpec("w", ("I+H", "4H"), doc="the weight matrix"),
+            TensorSpec("dicfo", ("B", "4H"), doc="LSTMBlockCellGrad's gate gradient (any "
+                       "layout: it only has to match w's)")),
+    outputs=(TensorSpec("x_grad", ("B", "I"), doc="dicfo @ w^T, its first I columns"),
+             TensorSpec("h_prev_grad", ("B", "H"), doc="dicfo @ w^T, its last H columns"),
+             TensorSpec("w_grad", ("I+H", "4H"), doc="[x, h_prev]^T @ dicfo"),
+             TensorSpec("b_grad", ("4H",), doc="dicfo summed over the batch")),
+    attrs=(),
+    doc="The matmul part of LSTMBlockCell's gradient (TF's Python gradient computes it "
+        "around LSTMBlockCellGrad).",
+)}
+
+#: Every op lstm_tvm compiles: the TF ops, then the helpers.
+KERNEL_OPS: dict[str, OpSpec] = {**OPS, **HELPERS}
 
 
 def get_op(name: str) -> OpSpec:
-    """The :class:`OpSpec` named ``name``; raises ``KeyError`` listing the known ops."""
+    """The :class:`OpSpec` named ``name`` (a TF op or a helper); raises ``KeyError`` listing
+    the known ops."""
     try:
-        return OPS[name]
+        return KERNEL_OPS[name]
     except KeyError:
-        raise KeyError(f"unknown op {name!r}; expected one of {list(OPS)}") from None
+        raise KeyError(f"unknown op {name!r}; expected one of {list(KERNEL_OPS)}") from None
 
 
 def forget_bias_of(op: OpSpec, attrs: Mapping[str, object]) -> float:

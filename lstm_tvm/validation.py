@@ -230,7 +230,7 @@ def validate_inputs(op: OpSpec, inputs: Mapping[str, object]) -> Signature:
         if shapes[t.name] != want:
             raise ValueError(
                 f"{op.name}: input '{t.name}' expected shape ({', '.join(t.shape)}) = {want}, "
-                f"got {shapes[t.name]} (sizes {_fmt(sizes)} taken from 'x' and 'cs_prev')")
+                f"got {shapes[t.name]} (sizes {_fmt(sizes)} taken from {_sources(op)})")
     seq_len_max = scalars.get("seq_len_max")
     if seq_len_max is not None:
         check_seq_len_max(op, seq_len_max, sizes["T"])
@@ -263,6 +263,12 @@ def _describe(value) -> str:
 
 def _fmt(sizes: Mapping[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sizes.items())
+
+
+def _sources(op: OpSpec) -> str:
+    """The inputs the sizes are read from, e.g. ``'x' and 'cs_prev'``."""
+    names = [f"'{n}'" for n in dict.fromkeys(name for name, _ in op.size_sources.values())]
+    return " and ".join(names)
 
 
 def _dtype_name(value) -> str:
@@ -318,7 +324,8 @@ def _int_scalar(op: OpSpec, name: str, value) -> int:
 
 
 def _infer_sizes(op: OpSpec, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """Rule 5: ``T, B, I`` from ``x``, ``H`` from ``cs_prev``; ``I, H >= 1``."""
+    """Rule 5: the sizes from :attr:`OpSpec.size_sources` (``T, B, I`` from ``x``, ``H`` from
+    ``cs_prev``, or ``h_prev`` for the helper); ``I, H >= 1``."""
     sources = op.size_sources
     sizes = {s: shapes[name][axis] for s, (name, axis) in sources.items()}
     for symbol, what in (("I", "input size"), ("H", "cell size")):

@@ -229,7 +229,7 @@ def test_cell_grad_matmul_kernel_zeroes_every_output_for_an_empty_batch(dtype):
     """Called directly (as from an exported library) with B = 0, whatever the output
     tensors held before."""
     I, H = 5, 4
-    spec = build.make_spec(build.CELL_GRAD_MATMUL, dtype, I, H, {})
+    spec = build.make_spec(registry.CELL_GRAD_MATMUL, dtype, I, H, {})
     func = build.get_module(spec)[spec.func_name]
     args = [tvm.runtime.tensor(np.zeros(s, dtype)) for s in ((0, I), (0, H), (I + H, 4 * H),
                                                                (0, 4 * H))]

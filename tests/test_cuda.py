@@ -21,7 +21,7 @@ from tvm import tirx
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing, validation
 from lstm_tvm._tvm import DEFAULT_CUDA_ARCH, cuda_arch, nvcc_compile, resolve_target, target_name
-from lstm_tvm.kernels import BUILDERS, cell_grad_matmul
+from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels._builder import single_row_steps
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
@@ -31,7 +31,7 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc (the CUDA toolkit) is
 HAS_GPU = bool(tvm.cuda(0).exist)
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU on this machine")
 
-OPS = [*registry.OPS, build.CELL_GRAD_MATMUL]
+OPS = list(registry.KERNEL_OPS)
 ARCHS = ["sm_80", "sm_90"]
 DTYPES = ["float32", "float16"]
 I, H = 20, 24  # partial thread tiles in every GEMM
@@ -43,14 +43,11 @@ DEFAULT_GRID = {("LSTMBlockCell", "float16", "sm_80"), ("LSTMBlockCellGrad", "fl
 
 
 def _attrs(op_name, use_peephole=True):
-    if op_name == build.CELL_GRAD_MATMUL:
-        return {}
-    return validation.validate_attrs(registry.get_op(op_name), {"use_peephole": use_peephole})
+    return validation.validate_attrs(registry.get_op(op_name),
+                                     testing.op_attrs(op_name, {"use_peephole": use_peephole}))
 
 
 def _kernel(op_name, dtype, input_size, cell_size, attrs):
-    if op_name == build.CELL_GRAD_MATMUL:
-        return cell_grad_matmul(dtype, input_size, cell_size)
     with single_row_steps(False):  # as build.primfunc builds for a GPU
         return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
 
@@ -174,24 +171,13 @@ def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole):
         lib = tvm.compile(tvm.IRModule({"k": _serial(func).with_attr("global_symbol", "k")}),
                           target="llvm")
     dev = tvm.cpu()
-    if op_name == build.CELL_GRAD_MATMUL:
-        rng = np.random.default_rng(1)
-        inputs = dict(zip(("x", "h_prev", "w", "dicfo"), (
-            rng.uniform(-1, 1, s).astype(dtype) for s in ((B, I), (B, H), (I + H, 4 * H),
-                                                         (B, 4 * H)))))
-        expected = reference.cell_grad_matmul(**inputs)
-        shapes = {"x_grad": (B, I), "h_prev_grad": (B, H), "w_grad": (I + H, 4 * H),
-                  "b_grad": (4 * H,)}
-        names = list(inputs)
-    else:
-        op = registry.get_op(op_name)
-        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H,
-                                     T=T if op.kind == "sequence" else None,
-                                     seq_len_max=seq_len_max, attrs={"use_peephole": use_peephole})
-        expected = reference.run(op_name, inputs, attrs)
-        sig = validation.validate_inputs(op, inputs)
-        shapes = validation.expected_output_shapes(op, sig.sizes)
-        names = op.input_names
+    op = registry.get_op(op_name)
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H,
+                                 T=T if op.kind == "sequence" else None,
+                                 seq_len_max=seq_len_max, attrs={"use_peephole": use_peephole})
+    expected = reference.run(op_name, inputs, attrs)
+    shapes = validation.expected_output_shapes(op, validation.validate_inputs(op, inputs).sizes)
+    names = op.input_names
     args = [int(inputs[n]) if n == "seq_len_max" else tvm.runtime.tensor(inputs[n], dev)
             for n in names]
     outs = [tvm.runtime.tensor(np.full(s, np.nan, dtype), dev) for s in shapes.values()]
@@ -202,7 +188,7 @@ def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole):
 
 def _semantics_cases():
     for op_name in OPS:
-        sequence = op_name in registry.OPS and registry.get_op(op_name).kind == "sequence"
+        sequence = registry.get_op(op_name).kind == "sequence"
         for dtype in DTYPES:
             for T, L in ([(4, 4), (4, 2), (3, 0)] if sequence else [(None, None)]):
                 for peep in (False, True):

@@ -7,29 +7,22 @@ import sys
 import pytest
 import tvm_ffi
 
-from lstm_tvm import build, registry, validation
+from lstm_tvm import build, registry, testing, validation
 from lstm_tvm._tvm import SBlock, resolve_target, tirx
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels._builder import STEP_BLOCK
-from lstm_tvm.kernels.cell_grad_matmul import cell_grad_matmul
 from lstm_tvm.schedule import schedule_for
 
 
 @pytest.mark.parametrize("sizes", [(256, 256), (7, 9), (32, 48)], ids=str)
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("op_name", list(registry.OPS))
+@pytest.mark.parametrize("op_name", list(registry.KERNEL_OPS))
 def test_every_block_is_scheduled(op_name, dtype, sizes, cpu_target):
     op = registry.get_op(op_name)
-    attrs = validation.validate_attrs(op, {"use_peephole": True})
+    attrs = validation.validate_attrs(op, testing.op_attrs(op_name, {"use_peephole": True}))
     func = BUILDERS[op_name](op, dtype, *sizes, attrs)
     failures = []
     schedule_for(op_name, func, resolve_target(cpu_target), failures)
-    assert failures == []
-
-
-def test_cell_grad_matmul_is_scheduled():
-    failures = []
-    schedule_for("CellGradMatmul", cell_grad_matmul("float32", 33, 16), resolve_target(), failures)
     assert failures == []
 
 
@@ -40,14 +33,14 @@ def test_scheduled_kernel_has_parallel_and_vector_loops():
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("op_name", [*registry.OPS, build.CELL_GRAD_MATMUL])
+@pytest.mark.parametrize("op_name", list(registry.KERNEL_OPS))
 def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
     """Every reduction block (the GEMMs among them) of a kernel with symbolic T and B writes
     a buffer whose row strides are constants: with a symbolic one LLVM stored the
     accumulators at every reduction step (CellGradMatmul's xh_grad_t at 64x512x512 with a
     (I+H, padded B) result: 3.6 ms, as panels 2.2 ms)."""
-    attrs = ({} if op_name == build.CELL_GRAD_MATMUL else
-             validation.validate_attrs(registry.get_op(op_name), {"use_peephole": True}))
+    attrs = validation.validate_attrs(registry.get_op(op_name),
+                                      testing.op_attrs(op_name, {"use_peephole": True}))
     func = build.kernel_func(op_name, dtype, 48, 40, attrs)
     written = []
 

@@ -1,5 +1,5 @@
-"""Kernel of the matmul part of a cell's gradient (what TF's Python gradient of
-``LSTMBlockCell`` computes around ``LSTMBlockCellGrad``).
+"""Kernel of the registry helper ``CellGradMatmul``, the matmul part of a cell's gradient
+(what TF's Python gradient of ``LSTMBlockCell`` computes around ``LSTMBlockCellGrad``).
 
 From ``dicfo`` (B, 4H): ``xh_grad = dicfo @ w^T`` split into ``x_grad`` (B, I) and
 ``h_prev_grad`` (B, H); ``w_grad = [x, h_prev]^T @ dicfo``; ``b_grad = sum_b dicfo``.
@@ -8,23 +8,10 @@ From ``dicfo`` (B, 4H): ``xh_grad = dicfo @ w^T`` split into ``x_grad`` (B, I) a
 from __future__ import annotations
 
 from .._tvm import tirx
-from ..registry import OpSpec, TensorSpec
+from ..registry import OpSpec
 from ._builder import (PANEL, T, flat, gemm, kernel, padded, reduction, row_chunks, spatial,
                        temp, zero)
 from ._gates import ACC, f32, store
-
-#: The helper described like a registry op (it is not a TF op, so it is not in ``OPS``).
-SPEC = OpSpec(
-    name="CellGradMatmul", kind="cell", direction="backward", gate_layout="ICFO",
-    pair="LSTMBlockCellGrad",
-    inputs=(TensorSpec("x", ("B", "I")), TensorSpec("h_prev", ("B", "H")),
-            TensorSpec("w", ("I+H", "4H")), TensorSpec("dicfo", ("B", "4H"))),
-    outputs=(TensorSpec("x_grad", ("B", "I")), TensorSpec("h_prev_grad", ("B", "H")),
-             TensorSpec("w_grad", ("I+H", "4H")), TensorSpec("b_grad", ("4H",))),
-    attrs=(), doc="The matmul part of LSTMBlockCell's gradient.",
-)
-INPUTS, OUTPUTS = SPEC.input_names, SPEC.output_names
-
 
 #: Rows of float16 ``w_grad`` computed per chunk (see :func:`_w_grad_by_chunks`).
 W_GRAD_CHUNK = 64
@@ -34,8 +21,8 @@ W_GRAD_CHUNK = 64
 BATCH_COLUMNS = PANEL
 
 
-def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
-    """The helper's kernel: inputs :data:`INPUTS`, outputs :data:`OUTPUTS`.
+def cell_grad_matmul(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
+    """The helper's kernel (``op`` is its registry entry; it has no attributes).
 
     ``xh_grad`` is computed transposed, ``xh_grad^T = w @ dicfo^T`` (block ``xh_grad_t``), so
     the large operand ``w`` is read as stored, along its rows, and only the small ``dicfo``
@@ -46,7 +33,8 @@ def cell_grad_matmul(dtype: str, input_size: int, cell_size: int):
     """
     I, H = input_size, cell_size
     G = 4 * H
-    with kernel(SPEC, dtype, I, H) as (buf, size, builder):
+    del attrs
+    with kernel(op, dtype, I, H) as (buf, size, builder):
         B = size["B"]
         dicfo, w = buf["dicfo"], buf["w"]
         cols = padded(B, BATCH_COLUMNS)

@@ -163,12 +163,15 @@ def block_lstm_grad_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
 
 # --- registry-driven entry point --------------------------------------------------------------
 
-_IMPLS = {
-    ("cell", "forward"): lstm_block_cell,
-    ("cell", "backward"): lstm_block_cell_grad,
-    ("sequence", "forward"): block_lstm,
-    ("sequence", "backward"): block_lstm_grad,
-}
+#: The reference of each registry op (TF ops and helpers) by name; the V1 and V2 sequence ops
+#: share theirs (the gate layout and attributes tell them apart).
+_IMPLS = {name: impl for impl, names in (
+    (lstm_block_cell, ("LSTMBlockCell",)),
+    (lstm_block_cell_grad, ("LSTMBlockCellGrad",)),
+    (block_lstm, ("BlockLSTM", "BlockLSTMV2")),
+    (block_lstm_grad, ("BlockLSTMGrad", "BlockLSTMGradV2")),
+    (cell_grad_matmul, ("CellGradMatmul",)),
+) for name in names}
 
 
 def _resolve_attrs(op: registry.OpSpec, attrs: Mapping[str, object] | None) -> dict:
@@ -189,12 +192,12 @@ def _check_inputs(op: registry.OpSpec, inputs: Mapping[str, object]) -> dict:
     if missing or unknown:
         raise ValueError(f"{op.name}: expected inputs {list(op.input_names)}, "
                          f"missing {missing}, unknown {unknown}")
-    x_shape = np.shape(inputs["x"])
-    x_dims = op.input("x").shape
-    if len(x_shape) != len(x_dims) or np.ndim(inputs["cs_prev"]) != 2:
-        raise ValueError(f"{op.name}: expected x of rank {len(x_dims)} and cs_prev of rank 2, "
-                         f"got shapes {x_shape} and {np.shape(inputs['cs_prev'])}")
-    sizes = dict(zip(x_dims, x_shape), H=np.shape(inputs["cs_prev"])[1])
+    sizes = {}
+    for symbol, (name, axis) in op.size_sources.items():
+        shape, dims = np.shape(inputs[name]), op.input(name).shape
+        if len(shape) != len(dims):
+            raise ValueError(f"{op.name}: expected {name} of rank {len(dims)}, got shape {shape}")
+        sizes[symbol] = shape[axis]
     args = {}
     for spec in op.inputs:
         if spec.dtype != "T":  # seq_len_max: an integer scalar, checked by seq_len_of
@@ -215,7 +218,7 @@ def run(op_name: str, inputs: Mapping[str, object],
     Parameters
     ----------
     op_name : str
-        A key of :data:`lstm_tvm.registry.OPS`.
+        A key of :data:`lstm_tvm.registry.KERNEL_OPS` (a TF op or a helper).
     inputs : mapping
         Arrays keyed by the op's input names (any float dtype; ``seq_len_max`` an int or 0-d
         integer array).
@@ -238,9 +241,10 @@ def run(op_name: str, inputs: Mapping[str, object],
     op = registry.get_op(op_name)
     attrs = _resolve_attrs(op, attrs)
     args = _check_inputs(op, inputs)
-    kwargs = {"use_peephole": bool(attrs["use_peephole"]), "gate_layout": op.gates}
-    if op.direction == "forward":
+    kwargs = {"use_peephole": bool(attrs["use_peephole"]), "gate_layout": op.gates} \
+        if op.tf_op else {}
+    if op.tf_op and op.direction == "forward":
         kwargs["forget_bias"] = registry.forget_bias_of(op, attrs)
         kwargs["cell_clip"] = float(attrs["cell_clip"])
-    result = _IMPLS[(op.kind, op.direction)](*(args[n] for n in op.input_names), **kwargs)
+    result = _IMPLS[op.name](*(args[n] for n in op.input_names), **kwargs)
     return {n: result[n] for n in op.output_names}

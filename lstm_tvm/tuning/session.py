@@ -25,8 +25,7 @@ from pathlib import Path
 from .. import env
 from ..cross_compile import export_options
 from .._tvm import configure_threads, resolve_target
-from ..kernels import CELL_GRAD_MATMUL
-from ..registry import OPS, get_op
+from ..registry import HELPERS, OPS, get_op
 from ..schedule.traits import cpu_traits
 from ..validation import validate_attrs
 from . import database, remote
@@ -65,16 +64,19 @@ class TaskResult:
 def collect_tasks(ops, dtypes, shapes) -> list[Task]:
     """The distinct GEMM tasks of ``ops`` x ``dtypes`` x ``shapes`` (``(T, B, I, H)`` tuples).
 
-    ``LSTMBlockCellGrad`` brings the cell-gradient matmul (its GEMMs live there). GEMMs do not
-    depend on peepholes, clipping or the gate layout, so default attributes are used.
+    An op brings the helpers computed beside it (same forward op, same direction):
+    ``LSTMBlockCellGrad`` brings ``CellGradMatmul``, where a cell gradient's GEMMs live. GEMMs
+    do not depend on peepholes, clipping or the gate layout, so default attributes are used.
     """
     names = list(ops)
-    if "LSTMBlockCellGrad" in names:
-        names.append(CELL_GRAD_MATMUL)
+    for helper in HELPERS.values():
+        if any(get_op(n).pair == helper.pair and get_op(n).direction == helper.direction
+               for n in ops):
+            names.append(helper.name)
     seen: dict[str, Task] = {}
     for name in names:
-        attrs = {} if name == CELL_GRAD_MATMUL else validate_attrs(
-            get_op(name), {"use_peephole": False})
+        op = get_op(name)
+        attrs = validate_attrs(op, {"use_peephole": False} if op.attrs else {})
         for dtype in dtypes:
             for steps, batch, isize, hsize in shapes:
                 for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch):

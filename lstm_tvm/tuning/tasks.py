@@ -17,7 +17,6 @@ from ..kernels import kernel_func
 from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes,
                                gemm)
 from ..kernels._gates import f32
-from ..kernels.cell_grad_matmul import BATCH_COLUMNS
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
@@ -25,12 +24,12 @@ __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 TASK_ATTR = "lstm_tvm.gemm"
 
 def _multiple(extent) -> int:
-    """The largest of (extent itself if constant, K_SLAB, BATCH_COLUMNS, ROW_TILE, 1) known
-    to divide it."""
+    """The largest of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, 1) known to
+    divide it."""
     if isinstance(extent, (int, tirx.IntImm)):
         return int(extent)
     from tvm.sym import Analyzer
-    for m in (K_SLAB, BATCH_COLUMNS, ROW_TILE):
+    for m in (K_SLAB, PANEL, ROW_TILE):
         rem = Analyzer().simplify(tirx.floormod(extent, m))
         if isinstance(rem, tirx.IntImm) and rem.value == 0:
             return m
