@@ -57,7 +57,7 @@ __all__ = ["Signature", "validate_attrs", "validate_inputs", "expected_output_sh
 #: and ``MakePackedAPI``) every integer expression computed from ``T``, ``B`` or
 #: ``seq_len_max`` is 64-bit: buffer indices, loop extents (TVM's CPU codegen splits a parallel
 #: loop in its extent's type) and workspace sizes (``uint64``). Nothing can narrow them, since
-#: the sizes are unbounded; ``tests/test_robustness_indexing.py`` checks this for every op and
+#: the sizes are unbounded; ``tests/test_kernels_indexing.py`` checks this for every op and
 #: dtype, with a positive control. DLPack shapes are ``int64`` too. What is not verified is a
 #: run past ``2**31`` elements end to end (TVM's allocator and workspace pool, DLPack import,
 #: the thread pool, the generated vector code, the float64 reference to compare with): the

@@ -6,11 +6,14 @@ import tempfile
 
 import pytest
 
-#: The CPU targets tests parametrize over, by test id: this host's CPU, and two named x86-64 CPUs
-#: (Intel AVX-512, AMD Zen 4) checked whatever this host is.
+#: The CPU targets tests parametrize over, by test id: this host's CPU, and named CPUs of each
+#: vector extension the schedules know (AVX-512: Intel and AMD Zen 4; AVX2; AArch64 NEON), checked
+#: whatever this host is.
 CPU_TARGETS = {"host": "llvm",
                "skylake-avx512": {"kind": "llvm", "mcpu": "skylake-avx512", "num-cores": 4},
-               "znver4": {"kind": "llvm", "mcpu": "znver4"}}
+               "znver4": {"kind": "llvm", "mcpu": "znver4"},
+               "haswell": {"kind": "llvm", "mcpu": "haswell"},
+               "neon": {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}}
 
 
 def pytest_configure(config):

@@ -3,7 +3,7 @@
 The library is built with g++ against ONNX Runtime 1.29's official C API header (fetched and
 hash-checked by :func:`lstm_tvm.onnx.native.ort_include_dir`) and run by onnxruntime 1.31; every
 result is checked against TF (defined elements) and the float64 reference, float32 and float16.
-Errors of this route are exercised in tests/test_robustness_ort.py.
+Errors of this route are exercised in tests/test_onnx_ort_errors.py.
 """
 
 import numpy as np

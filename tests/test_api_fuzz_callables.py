@@ -1,7 +1,7 @@
 """Property-based fuzz of the callables on TVM tensors: ``CompiledOp`` (``lstm_tvm.compile``) and
 the exported library's ``ExportedOp`` (``lstm_tvm.export.load``), each in a child process.
 
-Cases, malformations and the oracle come from ``test_robustness_fuzz.py`` (ranks, dims, dtypes,
+Cases, malformations and the oracle come from ``test_api_fuzz.py`` (ranks, dims, dtypes,
 ``seq_len_max``, attributes, names, non-arrays, sizes past ``2**31`` elements, ``compile()``
 arguments); added here is what only these callables see:
 
@@ -32,7 +32,7 @@ import tracemalloc
 
 import numpy as np
 import pytest
-import test_robustness_fuzz as base
+import test_api_fuzz as base
 
 from lstm_tvm.registry import OPS
 

@@ -17,10 +17,10 @@ session's ``LSTM_TVM_CACHE_DIR``), so a segfault or abort shows up as this test 
 child's exit code and the case it was running, not as a dead test run. ``I, H`` take two values
 so that kernels compile once and stay cached. ``LSTM_TVM_FUZZ_EXAMPLES`` sets the example count.
 
-``test_robustness_fuzz_callables.py`` reuses this case model and oracle for what only the
+``test_api_fuzz_callables.py`` reuses this case model and oracle for what only the
 callables on TVM tensors see (``CompiledOp`` and the exported library's ``ExportedOp``): inputs
 that are not TVM tensors, tensor views, and every kind of bad or overlapping ``out=``. Not fuzzed:
-bad ``target=`` values (tested directly in ``test_robustness.py``).
+bad ``target=`` values (tested directly in ``test_api_errors.py``).
 """
 
 from __future__ import annotations

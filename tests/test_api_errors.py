@@ -2,9 +2,9 @@
 in ``raw_ops`` are named errors, known ``CompiledOp`` gaps are pinned, and the kernels run clean
 under valgrind (slow).
 
-The other reliability tests: ``test_robustness_fuzz.py`` (property-based fuzz of malformed
-inputs, in a child process), ``test_robustness_values.py`` (NaN, Inf, huge and denormal values
-against TF), ``test_robustness_concurrency.py`` (threads, processes, damaged cache entries).
+The other reliability tests: ``test_api_fuzz.py`` (property-based fuzz of malformed
+inputs, in a child process), ``test_ops_values.py`` (NaN, Inf, huge and denormal values
+against TF), ``test_build_concurrency.py`` (threads, processes, damaged cache entries).
 """
 
 from __future__ import annotations
