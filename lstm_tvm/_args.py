@@ -99,7 +99,8 @@ def kernel_error(where: str, err: Exception, roles: Mapping[str, str]) -> ValueE
 class AliasGuard:
     """:func:`check_no_alias` for one callable, remembering the last tensor addresses that
     passed: a loop that calls again with the same tensors (``out=`` reused, the common case)
-    pays ~3 us for the comparison instead of ~15 us for the sort and sweep (25 tensors)."""
+    pays for an identity comparison instead of the sort and sweep (a fifth of its cost at 25
+    tensors: docs/performance.md)."""
 
     def __init__(self, where: str, itemsize: int):
         self.where, self.itemsize = where, itemsize

@@ -38,8 +38,8 @@ def _host_llvm() -> dict:
     if platform.machine().lower() in ("x86_64", "amd64"):
         # LLVM's tuning for many AVX-512 CPUs (Ice Lake and later Intel cores) prefers 256-bit
         # vectors: the vectorised gate math then ran in ymm halves. Without the preference it
-        # uses zmm: BlockLSTM at 64x32x256x256 went from 9.3 to 8.3 ms, no case slower. A
-        # tuning flag only: CPUs without AVX-512 are unaffected.
+        # uses zmm, and nothing got slower (docs/performance.md, "512-bit vectors for the gate
+        # math"). A tuning flag only: CPUs without AVX-512 are unaffected.
         target["mattr"] = ["-prefer-256-bit"]
     return target
 

@@ -35,8 +35,8 @@ def w_grad_chunk(input_size: int, cell_size: int) -> int:
     """Rows of the sequence the weight gradient reduces per chunk: the most, among 256, 128
     and 64 (at most ``K_SLAB``: the last chunk reads that far into ``dicfo``'s zero rows),
     whose packed float32 operands (a row of ``I+H`` and one of ``4H`` values each) fit
-    :data:`W_GRAD_PACKED_BYTES`. Measured at 64x32x256x256: 256 rows 17.0-18.0 ms, 128 rows
-    18.3-18.6; at 100x64x512x512 (3 MiB for 256 rows): 256 rows 219-222 ms, 128 rows 202-203."""
+    :data:`W_GRAD_PACKED_BYTES` (larger chunks were faster while they fit the L2 cache, slower
+    past it: docs/performance.md, "BlockLSTMGrad's weight-gradient chunk")."""
     row_bytes = 4 * (input_size + 5 * cell_size)
     return next((rows for rows in (256, 128) if rows * row_bytes <= W_GRAD_PACKED_BYTES), 64)
 
@@ -55,7 +55,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
         # Two matrices, not one (G, I+H): a GEMM operand whose row stride is wider than its
-        # columns ran 2x slower (x_grad_gemm at 64x32x256x256: 7 ms against 3.4 ms).
+        # columns ran half as fast (docs/performance.md, "BlockLSTMGrad's transposed weights").
         w_tx = panels("w_t_x", G, I, lambda j, k: f32(buf["w"][k, j]))
         w_th = panels("w_t_h", G, H, lambda j, k: f32(buf["w"][I + k, j]))
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
@@ -145,8 +145,7 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     float32 scratch of the size of ``w``. Returns the accumulator.
 
     The GEMM's operands then stay in the L2 cache, and stream contiguous memory, instead of
-    rows 8 KB apart of ``dicfo`` (at 100x64x512x512 the GEMMs reading ``x``, ``h`` and
-    ``dicfo`` in place ran at ~240 GFLOP/s, the packed one ~270). One GEMM over all ``I+H``
+    rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands"). One GEMM over all ``I+H``
     rows: its operand is a single scratch, not a choice between ``x`` and ``h`` per element
     (a select between two buffers in a GEMM operand makes LLVM store the accumulators at
     every reduction step). The first chunk starts from zero through a ``Select``, not an

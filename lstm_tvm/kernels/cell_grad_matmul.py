@@ -89,7 +89,7 @@ def _w_grad_by_chunks(buf, dtype, B, I, H):
     """Float16 ``w_grad``: each GEMM of :func:`_w_grad_parts` (in blocks ``w_grad_x_chunk``,
     ``w_grad_h_chunk``) :data:`W_GRAD_CHUNK` rows at a time into a float32 scratch that stays
     in cache, each chunk then rounded into the output (a scratch of all ``I+H`` rows copied
-    out at the end cost more than the GEMM: cell backward at 64x512x512, 6.2 ms). A last
+    out at the end cost more than the GEMM itself: docs/performance.md). A last
     partial chunk reads clamped rows and drops their results."""
     G = 4 * H
     for name, rows, first_row, src in _w_grad_parts(buf, I, H):
