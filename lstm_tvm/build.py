@@ -34,9 +34,9 @@ def _source_digest() -> str:
     cache entry built by other code is never loaded."""
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
-    for path in sorted([*root.glob("kernels/*.py"), *root.glob("schedule/*.py"),
+    for path in sorted([*root.glob("kernels/*.py"), *root.glob("schedule/**/*.py"),
                         root / "build.py", root / "_tvm.py"]):
-        h.update(path.name.encode())
+        h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 

@@ -10,7 +10,7 @@ import lstm_tvm
 from lstm_tvm import build, reference, testing
 from lstm_tvm._tvm import resolve_target, tvm
 from lstm_tvm.registry import get_op
-from lstm_tvm.schedule import rules
+from lstm_tvm.schedule.cpu import gemm
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.validation import validate_attrs
 
@@ -37,7 +37,7 @@ def test_traits_come_from_llvms_tables_and_size_the_register_tile(target, bits, 
         bits, registers, f16)
     # float32 accumulators: half the registers' lanes, the rest for operands
     assert traits.accumulators == registers // 2 * bits // 32
-    got = rules.default_tile(64, 1024, 256, traits=traits)
+    got = gemm.default_tile(64, 1024, 256, traits=traits)
     assert (got.rows, got.cols) == tile
     assert got.rows * got.cols <= traits.accumulators
 

@@ -1,12 +1,13 @@
-"""Default (rule-based) schedules, chosen by op and target kind.
+"""Default (rule-based) schedules, by target family.
 
-``schedule_for(op_name, func, target, failures=None, **kwargs)``: CPU targets (``llvm``) get
-:func:`lstm_tvm.schedule.rules.schedule_for` (extra keywords such as ``tuned`` go to it), CUDA
-targets :func:`lstm_tvm.schedule.gpu.schedule_gpu`; any other kind gets ``func`` unchanged.
-Blocks a rule could not schedule are appended to ``failures`` as ``(block name, error)``.
+``schedule_for(op_name, func, target, failures=None, **kwargs)``: CPU targets (``llvm``, any
+architecture) get :func:`lstm_tvm.schedule.cpu.schedule_cpu` (extra keywords such as ``tuned``
+go to it), CUDA targets :func:`lstm_tvm.schedule.gpu.schedule_gpu`; any other kind gets
+``func`` unchanged. Blocks a rule could not schedule are appended to ``failures`` as
+``(block name, error)``.
 """
 
-from . import rules
+from .cpu import schedule_cpu
 from .gpu import schedule_gpu
 
 
@@ -15,7 +16,9 @@ def schedule_for(op_name: str, func, target, failures: list | None = None, **kwa
     kind = str(target.kind.name)
     if kind == "cuda":
         return schedule_gpu(op_name, func, target, failures)
-    return rules.schedule_for(op_name, func, target, failures, **kwargs)
+    if kind == "llvm":
+        return schedule_cpu(op_name, func, target, failures, **kwargs)
+    return func
 
 
-__all__ = ["schedule_for", "schedule_gpu"]
+__all__ = ["schedule_cpu", "schedule_for", "schedule_gpu"]

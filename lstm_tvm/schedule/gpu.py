@@ -46,7 +46,7 @@ from tvm.sym import Analyzer
 from .._tvm import Schedule, tirx
 from .gpu_ir import (declared_views, guard_empty_launches, hoist_allocations, isolated,
                      restore_views, unbound_blocks)
-from .rules import leaf_blocks
+from .blocks import leaf_blocks
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import itertools
 
 from .._tvm import Schedule
 from ..kernels._builder import PANEL, ROW_TILE
-from ..schedule.rules import AVX512, GemmTile, apply_gemm
+from ..schedule.cpu import AVX512, GemmTile, apply_gemm
 from ..schedule.traits import CpuTraits
 from .tasks import Task, workload
 
@@ -42,7 +42,7 @@ def choices(task: Task) -> dict[str, list[int]]:
     k_unroll = [u for u in (4, 1, 2, 8) if task.k_multiple % u == 0]
     # Per-step GEMMs never cut the reduction: each slab (and the initialisation before them)
     # is a parallel region of its own, launched every iteration of the loop around the GEMM
-    # (see schedule.rules.default_tile).
+    # (see schedule.cpu.gemm.default_tile).
     k_block = [] if task.per_step else [b for b in (64, 128, 256)
                                         if task.k_multiple % b == 0 and b < task.K]
     return {"rows": rows, "cols": cols, "k_unroll": k_unroll, "k_block": k_block}

@@ -1,0 +1,67 @@
+"""Loop facts the CPU rules share: which loops a block has, what divides an extent, whether a
+block runs inside a serial loop body, its fusion group."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm.sym import Analyzer
+
+from ..._tvm import SBlock, Schedule, tirx
+from ...kernels._builder import FUSE_GROUP, LOOP_BODY
+
+#: Inner (vectorised) column chunks tried, in elements, first that divides the extent wins.
+COLUMN_CHOICES = (32, 64, 16)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockLoops:
+    """A block's own loops (the innermost, one per iterator) split by kind, with the extents
+    of its spatial iterators; ``None`` from :func:`block_loops` when they do not line up."""
+
+    spatial: list
+    reduce: list
+    extents: list
+    has_init: bool
+
+
+def block_loops(sch: Schedule, block) -> BlockLoops | None:
+    """The :class:`BlockLoops` of ``block``, or None (no spatial iterator, or loops that are
+    not one per iterator)."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)[-len(stmt.iter_vars):]
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    spatial = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.DataPar]
+    reduce_ = [lp for lp, k in zip(loops, kinds) if k == tirx.IterVar.CommReduce]
+    if len(spatial) + len(reduce_) != len(loops) or not spatial:
+        return None
+    extents = [iv.dom.extent for iv, k in zip(stmt.iter_vars, kinds) if k == tirx.IterVar.DataPar]
+    return BlockLoops(spatial, reduce_, extents, stmt.init is not None)
+
+
+def divides(factor: int, extent) -> bool:
+    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
+    rem = Analyzer().simplify(tirx.floormod(extent, factor))
+    return isinstance(rem, tirx.IntImm) and rem.value == 0
+
+
+def column_chunk(extent) -> int | None:
+    """The first of :data:`COLUMN_CHOICES` dividing ``extent`` (None: none does)."""
+    return next((c for c in COLUMN_CHOICES if divides(c, extent)), None)
+
+
+def in_loop_body(sch: Schedule, block) -> bool:
+    """Whether ``block`` lies inside a serial loop body marked ``LOOP_BODY`` (a time step,
+    a chunk of rows its GEMMs reduce over)."""
+    sref = sch.get_sref(block).parent
+    while sref is not None:
+        stmt = sref.stmt
+        if isinstance(stmt, SBlock) and LOOP_BODY in stmt.annotations:
+            return True
+        sref = sref.parent
+    return False
+
+
+def fusion_group(sch: Schedule, block):
+    """The fusion group of ``block`` (``spatial(..., group=)`` in the kernels), or None."""
+    return sch.get(block).annotations.get(FUSE_GROUP)

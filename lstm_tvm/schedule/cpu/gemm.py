@@ -1,0 +1,155 @@
+"""The GEMM rule: register-tiled GEMM blocks.
+
+A GEMM block (two spatial iterators ``m, n`` and one reduction) gets an ``R x C`` tile of the
+output (``R`` rows, ``C`` contiguous columns) accumulated over the reduction loop, which is
+unrolled (LLVM keeps the tile in vector registers); tiles run in parallel. The kernels round a
+dynamic row count up to a multiple of ``ROW_TILE`` (padded scratch rows), so the tile needs no
+bounds checks. A :class:`GemmTile` holds the choices (tile, unroll, an optional cache block of
+the reduction); tuning sessions pick them per block. Inside a serial loop body (a time step, a
+chunk of rows the weight gradient reduces over) the reduction is never cut into slabs: each
+slab is a parallel region, launched every iteration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..._tvm import Schedule, tirx
+from ...kernels._builder import ROW_TILE, tensor_loads, uses_var
+from ..traits import CpuTraits
+from ._loops import COLUMN_CHOICES, block_loops, divides, in_loop_body
+
+#: Unroll factor of the reduction loop in GEMMs.
+K_UNROLL = 4
+#: The traits schedules assume when given none: an AVX-512 x86 (the register tile of 8x32
+#: float32 accumulators).
+AVX512 = CpuTraits("x86_64", 512, 32)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmTile:
+    """How one GEMM block is scheduled.
+
+    ``rows x cols`` output elements per tile (``cols`` vectorised); the reduction loop
+    unrolled by ``k_unroll``. With ``k_block > 0`` the reduction is cut into slabs of that
+    many steps that run outside the parallel tile loop: every tile consumes one slab of both
+    operands before the next (the cache blocking that GEMMs with a long reduction need).
+    ``n_major`` orders the tiles column block first (consecutive tiles share the right
+    operand's panel) instead of row block first.
+    """
+
+    rows: int
+    cols: int
+    k_unroll: int = K_UNROLL
+    k_block: int = 0
+    n_major: int = 0
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
+                 per_step: bool = False, traits: CpuTraits = AVX512) -> GemmTile | None:
+    """The untuned tile of a GEMM block with these extents (None: no tiling applies).
+
+    ``a_rows_contiguous``: the left operand is stored ``(M, K)`` (else ``(K, M)``, as in the
+    weight gradients). Among fixed rules measured on the GEMMs of the benchmark shapes
+    (float32), cutting the reduction into slabs of 256 steps for ``(M, K)`` operands and of 64
+    for ``(K, M)`` ones (where the reduction runs over all rows) came within 20% of each GEMM's
+    best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop,
+    or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are
+    a thread-pool launch per iteration (see docs/performance.md). The tile holds at most the
+    target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 2x32
+    with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step.
+    """
+    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators)
+    if cols is None:
+        return None
+    slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
+                                    if divides(b, k_extent) and not divides(k_extent, b)), 0)
+    # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
+    # thread reads each panel of the right operand once from memory for all rows.
+    return GemmTile(rows, cols, K_UNROLL if divides(K_UNROLL, k_extent) else 1, slab,
+                    n_major=int(rows == 1))
+
+
+def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
+    """Tile ``block`` if it is a GEMM a register tile fits (:func:`default_tile`); the tile
+    applied, or None where the rule does not apply."""
+    loops = block_loops(sch, block)
+    if loops is None or len(loops.spatial) != 2 or len(loops.reduce) != 1:
+        return None
+    stmt = sch.get(block)
+    tile = default_tile(*loops.extents, sch.get(loops.reduce[0]).extent,
+                        _rows_contiguous(stmt, *(iv.var for iv in stmt.iter_vars)),
+                        in_loop_body(sch, block), traits)
+    if tile is not None:
+        _gemm(sch, block, loops.spatial, loops.reduce[0], tile)
+    return tile
+
+
+def gemm_axes(sch: Schedule, block):
+    """``(m, n, k)`` loops and ``(M, N)`` extents of a GEMM-shaped block, else None."""
+    stmt = sch.get(block)
+    loops = sch.get_loops(block)[-len(stmt.iter_vars):]
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+        return None
+    return loops, [iv.dom.extent for iv in stmt.iter_vars[:2]]
+
+
+def apply_gemm(sch: Schedule, block, tile: GemmTile) -> None:
+    """Schedule a GEMM-shaped block (see :func:`gemm_axes`) with ``tile`` (whose fields may
+    be sampled random variables of a tuning space)."""
+    (m, n, k), _ = gemm_axes(sch, block)
+    _gemm(sch, block, [m, n], k, tile)
+
+
+def _rows_contiguous(stmt, m, n, k) -> bool:
+    """Whether the GEMM block's left operand (the load indexed by ``m`` and ``k``) is
+    contiguous along ``k``."""
+    for load in tensor_loads(getattr(stmt.body, "value", stmt.body)):
+        if (any(uses_var(i, m) for i in load.indices)
+                and any(uses_var(i, k) for i in load.indices)):
+            return not uses_var(load.indices[-1], m)
+    return True
+
+
+def _register_tile(m_extent, n_extent, accumulators: int) -> tuple[int, int | None]:
+    """Rows and columns of a GEMM's register tile: the first of :data:`COLUMN_CHOICES` that
+    divides the columns and leaves room for two rows, then as many rows as fit
+    ``accumulators`` among ``ROW_TILE`` and its divisors that divide the row extent."""
+    dividing = [c for c in COLUMN_CHOICES if divides(c, n_extent)]
+    cols = next((c for c in dividing if 2 * c <= accumulators), min(dividing, default=None))
+    if cols is None:
+        return 1, None
+    rows = next((r for r in (ROW_TILE, 4, 2) if r * cols <= accumulators
+                 and divides(r, m_extent)), 1)
+    return rows, cols
+
+
+def _gemm(sch, block, spatial, k, tile: GemmTile) -> None:
+    """Tile a GEMM block. Tile fields may be ints or sampled ``ExprRV`` s (tuning spaces);
+    ``k_block`` and ``k_unroll`` split only when given (an RV, or an int other than 0 / 1)."""
+    m_o, m_i = sch.split(spatial[0], [None, tile.rows])
+    n_o, n_i = sch.split(spatial[1], [None, tile.cols])
+    k_o = k_i = None
+    if _given(tile.k_block, 0):
+        k_o, k = sch.split(k, [None, tile.k_block])
+    if _given(tile.k_unroll, 1):
+        k, k_i = sch.split(k, [None, tile.k_unroll])
+    tiles = [n_o, m_o] if tile.n_major else [m_o, n_o]
+    sch.reorder(*([k_o] if k_o is not None else []), *tiles, k,
+                *([k_i] if k_i is not None else []), m_i, n_i)
+    sch.parallel(sch.fuse(*tiles))
+    if k_i is not None:
+        sch.unroll(k_i)
+    sch.unroll(m_i)
+    sch.vectorize(n_i)
+    # The init block's loop count depends on which tile loops have unit extent, so a
+    # replayed trace must not address its loops (LLVM vectorises the zeroing by itself).
+    sch.decompose_reduction(block, k_o if k_o is not None else k)
+
+
+def _given(value, absent: int) -> bool:
+    return not isinstance(value, int) or value != absent
