@@ -24,11 +24,11 @@ NEOVERSE = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "neoverse-n1
 @pytest.mark.parametrize("target, bits, registers, f16, tile", [
     (AVX512, 512, 32, False, (8, 32)),
     ({"kind": "llvm", "mcpu": "sapphirerapids"}, 512, 32, True, (8, 32)),
-    (AVX2, 256, 16, False, (2, 32)),
-    ({"kind": "llvm", "mcpu": "x86-64-v3"}, 256, 16, False, (2, 32)),
+    (AVX2, 256, 16, False, (4, 16)),
+    ({"kind": "llvm", "mcpu": "x86-64-v3"}, 256, 16, False, (4, 16)),
     (SSE2, 128, 16, False, (2, 16)),
-    (NEON, 128, 32, False, (2, 32)),
-    (NEOVERSE, 128, 32, True, (2, 32)),
+    (NEON, 128, 32, False, (4, 16)),
+    (NEOVERSE, 128, 32, True, (4, 16)),
 ])
 def test_traits_come_from_llvms_tables_and_size_the_register_tile(target, bits, registers, f16,
                                                                    tile):

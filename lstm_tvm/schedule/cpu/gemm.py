@@ -59,10 +59,10 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     best tile (geometric mean); without slabs, 76%. ``per_step`` (a block inside a time loop,
     or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are
     a thread-pool launch per iteration (see docs/performance.md). The tile holds at most the
-    target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 2x32
+    target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 4x16
     with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step.
     """
-    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators)
+    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes())
     if cols is None:
         return None
     slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
@@ -115,17 +115,22 @@ def _rows_contiguous(stmt, m, n, k) -> bool:
     return True
 
 
-def _register_tile(m_extent, n_extent, accumulators: int) -> tuple[int, int | None]:
-    """Rows and columns of a GEMM's register tile: the first of :data:`COLUMN_CHOICES` that
-    divides the columns and leaves room for two rows, then as many rows as fit
-    ``accumulators`` among ``ROW_TILE`` and its divisors that divide the row extent."""
+def _register_tile(m_extent, n_extent, accumulators: int,
+                   lanes: int) -> tuple[int, int | None]:
+    """Rows and columns of a GEMM's register tile: the most rows among ``ROW_TILE`` and its
+    divisors that divide the row extent and fit ``accumulators`` with columns at least two
+    vectors (``lanes``) wide, the columns the first of :data:`COLUMN_CHOICES` that divides
+    and fits (AVX-512: 8x32; AVX2 and NEON: 4x16 rather than 2x32, docs/performance.md);
+    with no such rows, one row of the first dividing columns that leave room for two."""
     dividing = [c for c in COLUMN_CHOICES if divides(c, n_extent)]
-    cols = next((c for c in dividing if 2 * c <= accumulators), min(dividing, default=None))
-    if cols is None:
+    if not dividing:
         return 1, None
-    rows = next((r for r in (ROW_TILE, 4, 2) if r * cols <= accumulators
-                 and divides(r, m_extent)), 1)
-    return rows, cols
+    wide = [c for c in dividing if c >= 2 * lanes] or dividing
+    for rows in (ROW_TILE, 4, 2):
+        fit = [c for c in wide if rows * c <= accumulators]
+        if fit and divides(rows, m_extent):
+            return rows, fit[0]
+    return 1, next((c for c in dividing if 2 * c <= accumulators), min(dividing))
 
 
 def _gemm(sch, block, spatial, k, tile: GemmTile) -> None:
