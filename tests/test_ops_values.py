@@ -89,37 +89,41 @@ def _float_names(op_name):
     return [t.name for t in OPS[op_name].inputs if t.dtype == "T"]
 
 
-@pytest.mark.parametrize("value", _NONFINITE, ids=["nan", "inf", "-inf"])
-@pytest.mark.parametrize("op_name", FORWARD)
-def test_forward_nonfinite_like_tf_without_clip(tf, op_name, value):
+def _nonfinite_like_tf(op_name, value, case):
+    """Put ``value`` into each float input of ``op_name`` in turn, with and without peepholes
+    (``case(peephole)`` gives the inputs and attributes), and compare the non-finite outputs
+    with TF's; the injections must make some output non-finite."""
     checked = 0
     for name in _float_names(op_name):
         for peephole in (False, True):
-            attrs = {"use_peephole": peephole, "cell_clip": 0.0}
-            inputs = _inputs(op_name, peephole=peephole, seq_len_max=T - 1, attrs=attrs)
+            inputs, attrs = case(peephole)
             inputs = _inject(inputs, name, value, _positions(op_name, name, inputs))
             ours, theirs = _run_both(op_name, inputs, attrs)
             _assert_same_nonfinite(op_name, inputs, ours, theirs, f" ({name}={value}, "
                                    f"peephole={peephole})")
             checked += sum(int((~np.isfinite(v)).sum()) for v in theirs.values())
     assert checked > 0, "no non-finite output at all: the injection did nothing"
+
+
+@pytest.mark.parametrize("value", _NONFINITE, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("op_name", FORWARD)
+def test_forward_nonfinite_like_tf_without_clip(tf, op_name, value):
+    def case(peephole):
+        attrs = {"use_peephole": peephole, "cell_clip": 0.0}
+        return _inputs(op_name, peephole=peephole, seq_len_max=T - 1, attrs=attrs), attrs
+
+    _nonfinite_like_tf(op_name, value, case)
 
 
 @pytest.mark.parametrize("value", _NONFINITE, ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("op_name", BACKWARD)
 def test_grad_nonfinite_like_tf(tf, op_name, value):
-    checked = 0
-    for name in _float_names(op_name):
-        for peephole in (False, True):
-            attrs = {"use_peephole": peephole}
-            inputs = _inputs(op_name, peephole=peephole, seed=1,
-                             seq_len_max=T - 1 if OPS[op_name].kind == "sequence" else None)
-            inputs = _inject(inputs, name, value, _positions(op_name, name, inputs))
-            ours, theirs = _run_both(op_name, inputs, attrs)
-            _assert_same_nonfinite(op_name, inputs, ours, theirs, f" ({name}={value}, "
-                                   f"peephole={peephole})")
-            checked += sum(int((~np.isfinite(v)).sum()) for v in theirs.values())
-    assert checked > 0, "no non-finite output at all: the injection did nothing"
+    def case(peephole):
+        return _inputs(op_name, peephole=peephole, seed=1,
+                       seq_len_max=T - 1 if OPS[op_name].kind == "sequence" else None), \
+            {"use_peephole": peephole}
+
+    _nonfinite_like_tf(op_name, value, case)
 
 
 def _clean_rows(op_name, theirs):
