@@ -145,11 +145,12 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     float32 scratch of the size of ``w``. Returns the accumulator.
 
     The GEMM's operands then stay in the L2 cache, and stream contiguous memory, instead of
-    rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands"). One GEMM over all ``I+H``
-    rows: its operand is a single scratch, not a choice between ``x`` and ``h`` per element
-    (a select between two buffers in a GEMM operand makes LLVM store the accumulators at
-    every reduction step). The first chunk starts from zero through a ``Select``, not an
-    ``if_then_else`` (whose guarded load of the output had the same effect).
+    rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands").
+    One GEMM over all ``I+H`` rows: its operand is a single scratch, not a choice between
+    ``x`` and ``h`` per element (a select between two buffers in a GEMM operand makes LLVM
+    store the accumulators at every reduction step). The first chunk starts from zero through
+    a ``Select``, not an ``if_then_else`` (whose guarded load of the output had the same
+    effect).
     """
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
