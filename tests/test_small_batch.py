@@ -1,20 +1,21 @@
 """Deployment batch sizes through the sequence kernels: below ``SINGLE_ROWS_BELOW`` rows the
-per-step GEMMs (``gates`` forward, ``dh`` backward) run one row per tile without padding, from
-there the padded ``ROW_TILE``-row tiles; both paths against the float64 reference, with
-peepholes, an active clip, padded steps (``seq_len_max < T``) and float16."""
+per-step GEMMs (``gates`` forward, ``dh`` backward) run one row per tile without padding, up to
+``SHORT_ROWS`` rows padded to ``SHORT_ROWS``, from there padded to ``ROW_TILE`` rows; every path
+against the float64 reference, with peepholes, an active clip, padded steps
+(``seq_len_max < T``) and float16."""
 
 import numpy as np
 import pytest
 
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
-from lstm_tvm.kernels._builder import ROW_TILE, SINGLE_ROWS_BELOW
+from lstm_tvm.kernels._builder import ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW
 from lstm_tvm.validation import validate_attrs
 
 SEQ_OPS = [n for n, op in registry.OPS.items() if op.kind == "sequence"]
 #: Both sides of each threshold: one row per tile, padded tiles, a whole tile and past it.
-BATCHES = sorted({1, SINGLE_ROWS_BELOW - 1, SINGLE_ROWS_BELOW, ROW_TILE - 1, ROW_TILE,
-                  ROW_TILE + 1})
+BATCHES = sorted({1, SINGLE_ROWS_BELOW - 1, SINGLE_ROWS_BELOW, SHORT_ROWS, SHORT_ROWS + 1,
+                  ROW_TILE - 1, ROW_TILE, ROW_TILE + 1})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -35,13 +36,14 @@ def test_every_batch_size_matches_the_reference(op_name, dtype):
                                  f"{op_name}.{name} B={B}")
 
 
+@pytest.mark.parametrize("suffix", ["_rows", f"_rows{SHORT_ROWS}"])
 @pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGradV2"])
-def test_the_single_row_blocks_are_scheduled(op_name):
+def test_the_small_batch_blocks_are_scheduled(op_name, suffix):
     op = registry.get_op(op_name)
     spec = build.make_spec(op_name, "float32", 8, 16,
                            validate_attrs(op, {"use_peephole": False}), "llvm")
     failures = []
     text = build.primfunc(spec, failures).script()
     assert failures == []
-    block = "gates_rows" if op.direction == "forward" else "dh_rows"
+    block = ("gates" if op.direction == "forward" else "dh") + suffix
     assert f'T.sblock("{block}_init")' in text and "T.parallel" in text  # decomposed: tiled

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
 from lstm_tvm._tvm import Schedule, resolve_target, tvm
+from lstm_tvm.kernels._builder import SHORT_ROWS
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.tuning import collect_tasks, database, space
 from lstm_tvm.tuning import tasks as task_mod
@@ -252,13 +253,15 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
     """The GEMMs inside the time loops run every step, and the weight gradient's GEMM runs
     once per chunk of rows it reduces over: their space never cuts the reduction, and records
     of the same GEMM outside such a loop do not apply to them."""
-    for op_name, in_loops in (("BlockLSTM", {"gates", "gates_rows"}),
-                              ("BlockLSTMGrad", {"dh", "dh_rows", "w_grad"})):
+    short = f"_rows{SHORT_ROWS}"
+    for op_name, in_loops in (("BlockLSTM", {"gates", "gates_rows", "gates" + short}),
+                              ("BlockLSTMGrad", {"dh", "dh_rows", "dh" + short, "w_grad"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
         blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs)
         assert {b.name for b in blocks if b.per_step} == in_loops
         for name in in_loops:
-            batch = 1 if name.endswith("_rows") else 64  # a batch of one row runs *_rows
+            # one row runs *_rows, SHORT_ROWS rows *_rows4
+            batch = 1 if name.endswith("_rows") else SHORT_ROWS if name.endswith(short) else 64
             task = next(t for t in task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4,
                                                       batch) if t.name == name)
             assert task.per_step and task.K >= 128 and space.choices(task)["k_block"] == []

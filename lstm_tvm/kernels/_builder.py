@@ -17,10 +17,10 @@ from ..registry import OpSpec
 from ._gates import ACC
 
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE",
-           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms", "fixed_sizes", "flat", "gemm",
-           "kernel", "padded", "panel_scratch", "panels", "reduction", "row_chunks",
-           "single_row_steps", "spatial", "step_gemm", "temp", "tensor_loads", "time_loop",
-           "uses_var", "zero"]
+           "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms",
+           "fixed_sizes", "flat", "gemm", "kernel", "padded", "panel_scratch", "panels",
+           "reduction", "row_chunks", "single_row_steps", "spatial", "step_gemm", "step_views",
+           "temp", "tensor_loads", "time_loop", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -237,17 +237,17 @@ def padded(rows, multiple: int = ROW_TILE):
 
 def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
          init: Callable | None = None, pad: bool = True, row0=0,
-         out_panels: bool = False) -> None:
+         out_panels: bool = False, multiple: int = ROW_TILE) -> None:
     """``out[row0 + m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N, k < K``.
 
     ``K`` may be symbolic. With ``pad`` (for a symbolic ``M``) the rows
-    ``M <= m < padded(M)`` are computed too: ``a`` must be readable there (a scratch operand
-    with spare rows) and ``out`` must have them; callers ignore their results.
+    ``M <= m < padded(M, multiple)`` are computed too: ``a`` must be readable there (a scratch
+    operand with spare rows) and ``out`` must have them; callers ignore their results.
     ``out_panels``: ``out`` is stored as panels, ``(N / PANEL, M, PANEL)`` (see :func:`panels`),
     for a symbolic ``N`` (a multiple of ``PANEL``): an output row stride that is not a
     constant keeps LLVM from holding the accumulators in registers.
     """
-    rows = padded(M) if pad else M
+    rows = padded(M, multiple) if pad else M
     index = ((lambda m, n: (n // PANEL, row0 + m, n % PANEL)) if out_panels
              else (lambda m, n: (row0 + m, n)))
     reduction(name, out, (rows, N), (K,), index,
@@ -276,8 +276,12 @@ def _bind_steps(extent):
 
 #: Batches below this many rows run their per-step GEMMs one row per tile, without padding.
 #: A one-row tile holds two vectors of accumulators, too few to hide the FMA latency, so from
-#: 3 rows on the padded ROW_TILE-row tile is as fast or faster (docs/performance.md).
+#: 3 rows on a tile of several rows is as fast or faster (docs/performance.md).
 SINGLE_ROWS_BELOW = 3
+#: Batches of ``SINGLE_ROWS_BELOW`` up to this many rows run their per-step GEMMs padded to
+#: this many rows, not ``ROW_TILE`` (half the arithmetic at B = 4): a tile of 4 rows holds
+#: enough accumulators with AVX2, NEON and AVX-512 alike.
+SHORT_ROWS = 4
 
 
 _SINGLE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("single_rows",
@@ -286,8 +290,8 @@ _SINGLE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("single_rows
 
 @contextlib.contextmanager
 def single_row_steps(enabled: bool):
-    """Build kernels with (default) or without the one-row-per-tile version of the per-step
-    GEMMs (:func:`step_gemm`): a CPU schedule's choice; the GPU schedules take one version."""
+    """Build kernels with (default) or without the small-batch versions of the per-step GEMMs
+    (:func:`step_gemm`): a CPU schedule's choice; the GPU schedules take one version."""
     token = _SINGLE_ROWS.set(enabled)
     try:
         yield
@@ -295,32 +299,47 @@ def single_row_steps(enabled: bool):
         _SINGLE_ROWS.reset(token)
 
 
-def step_gemm(name: str, out, out_rows, M, N, K, a: Callable, b: Callable,
+def step_views(out, M) -> tuple:
+    """The views of a per-step GEMM's output ``out`` (``(padded(M), N)``) that the small-batch
+    versions of :func:`step_gemm` write: ``M`` rows and ``padded(M, SHORT_ROWS)`` rows. Make
+    them before the time loop."""
+    return (flat(out, M, name=f"{out.name}_rows"),
+            flat(out, padded(M, SHORT_ROWS), name=f"{out.name}_rows{SHORT_ROWS}"))
+
+
+def step_gemm(name: str, out, views, M, N, K, a: Callable, b: Callable,
               init: Callable | None = None) -> None:
     """A :func:`gemm` into ``out`` (``(padded(M), N)``) inside a time step over ``M`` batch
-    rows. Below :data:`SINGLE_ROWS_BELOW` rows (a single stream or two) block ``<name>_rows``
-    computes exactly ``M`` rows, one per tile, into ``out_rows`` (``flat(out, M)``, made
-    before the time loop), instead of a padded tile of ``ROW_TILE`` rows (8x the arithmetic
-    at B = 1); else block ``name`` as usual. Through the view each block is the only writer
-    of its buffer, as reductions must be. A constant ``M`` (tuning tasks) emits only the
-    block it takes."""
-    def rows_block():
-        gemm(f"{name}_rows", out_rows, M, N, K, a, b, init, pad=False)
-
+    rows, in a version chosen by ``M``: below :data:`SINGLE_ROWS_BELOW` rows (one stream or
+    two) block ``<name>_rows`` computes exactly ``M`` rows, one per tile; up to
+    :data:`SHORT_ROWS` rows block ``<name>_rows4`` computes ``padded(M, SHORT_ROWS)``; else
+    block ``name`` computes ``padded(M)`` rows (8x the arithmetic of the step at B = 1, 2x at
+    B = 4). ``views`` are :func:`step_views` of ``out``: through them each block is the only
+    writer of its buffer, as reductions must be. A constant ``M`` (tuning tasks) emits only
+    the block it takes."""
+    versions = [(SINGLE_ROWS_BELOW, f"{name}_rows", views[0], 1),
+                (SHORT_ROWS + 1, f"{name}_rows{SHORT_ROWS}", views[1], SHORT_ROWS)]
     if not _SINGLE_ROWS.get():
-        gemm(name, out, M, N, K, a, b, init)
-        return
-    if isinstance(M, (int, tirx.IntImm)):
-        if int(M) < SINGLE_ROWS_BELOW:
-            rows_block()
-        else:
+        versions = []
+
+    def emit(i):
+        if i == len(versions):
             gemm(name, out, M, N, K, a, b, init)
-        return
-    with T.If(M < SINGLE_ROWS_BELOW):
-        with T.Then():
-            rows_block()
-        with T.Else():
-            gemm(name, out, M, N, K, a, b, init)
+            return
+        below, block, view, multiple = versions[i]
+        if isinstance(M, (int, tirx.IntImm)):
+            if int(M) < below:
+                gemm(block, view, M, N, K, a, b, init, multiple=multiple)
+            else:
+                emit(i + 1)
+            return
+        with T.If(M < below):
+            with T.Then():
+                gemm(block, view, M, N, K, a, b, init, multiple=multiple)
+            with T.Else():
+                emit(i + 1)
+
+    emit(0)
 
 
 def tensor_loads(expr):

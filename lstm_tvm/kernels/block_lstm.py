@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
-from ._builder import (ROW_TILE, T, flat, gemm, kernel, padded, panels, spatial, step_gemm, temp,
-                       time_loop, zero)
+from ._builder import (ROW_TILE, T, flat, gemm, kernel, padded, panels, spatial, step_gemm,
+                       step_views, temp, time_loop, zero)
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from .block_cell import activation_scratch, cell_blocks
 
@@ -63,9 +63,9 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
         spatial("state_init", (B, H), init_state)
         spatial("state_pad", (padded(B) - B, H), lambda n, k: T.buffer_store(
             h_state, zero(), [B + n, k]))
-        gates_rows = flat(gates, B, name="gates_rows")
+        gates_views = step_views(gates, B)
         with time_loop(L, Tn) as vt:
-            step_gemm("gates", gates, gates_rows, B, G, H, lambda n, k: h_state[n, k],
+            step_gemm("gates", gates, gates_views, B, G, H, lambda n, k: h_state[n, k],
                       lambda k, j: w(I + k, j), init=lambda n, j: xw[vt * B + n, j])
             cell_blocks(cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
                         lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),

@@ -19,7 +19,8 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import (K_SLAB, ROW_TILE, T, flat, gemm, kernel, padded, panel_scratch,
-                       panels, reduction, row_chunks, spatial, step_gemm, temp, time_loop, zero)
+                       panels, reduction, row_chunks, spatial, step_gemm, step_views, temp,
+                       time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -66,7 +67,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             T.buffer_store(dcs, zero(), [n, k])
 
         spatial("state_init", (B, H), init_state)
-        dh_rows = flat(dh, B, name="dh_rows")
+        dh_views = step_views(dh, B)
         with time_loop(L, Tn, reverse=True) as vt:
 
             def cell_grad(n, k):
@@ -84,7 +85,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             spatial("dcs_update", (B, H),
                     lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
                     group="cell_grad")
-            step_gemm("dh", dh, dh_rows, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
+            step_gemm("dh", dh, dh_views, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
         _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
 
         def state_out(n, k):
