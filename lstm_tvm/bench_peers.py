@@ -137,12 +137,12 @@ def _tvm_op(ctx: dict, op_name: str, dtype: str, I: int, H: int, target="llvm"):
     from lstm_tvm import build as _build
     from lstm_tvm.api import compile as _compile
     from lstm_tvm.registry import get_op
-    from lstm_tvm.validation import validate_attrs
+    from lstm_tvm.validation import plain_attrs
 
     key = (op_name, dtype, I, H)
     if key not in ctx:
         op = get_op(op_name)
-        attrs = validate_attrs(op, {"use_peephole": False} if op.attrs else {})
+        attrs = plain_attrs(op)
         cached = _build.cache_path(_build.make_spec(op_name, dtype, I, H, attrs, target)).exists()
         start = time.perf_counter()
         fn = _compile(op_name, target=target, dtype=dtype, input_size=I, cell_size=H, **attrs)

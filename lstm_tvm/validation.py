@@ -47,8 +47,8 @@ import numpy as np
 
 from .registry import DTYPES, OpSpec, eval_dim
 
-__all__ = ["Signature", "validate_attrs", "validate_inputs", "expected_output_shapes",
-           "cell_clip_bound", "check_cell_clip"]
+__all__ = ["Signature", "validate_attrs", "plain_attrs", "validate_inputs",
+           "expected_output_shapes", "cell_clip_bound", "check_cell_clip"]
 
 #: Tensors with this many elements or more are refused (rule 8).
 #:
@@ -125,6 +125,12 @@ def validate_attrs(op: OpSpec, attrs: Mapping[str, object]) -> dict[str, float |
         else:
             out[spec.name] = _float_attr(op, spec.name, value)
     return out
+
+
+def plain_attrs(op: OpSpec) -> dict[str, float | bool]:
+    """``op``'s attributes at TF's defaults with peepholes off (for ops that have them): the
+    configuration that tuning tasks and the benchmark use."""
+    return validate_attrs(op, {"use_peephole": False} if "use_peephole" in op.attr_names else {})
 
 
 def cell_clip_bound(cell_clip: float) -> float | None:

@@ -27,7 +27,7 @@ from ..cross_compile import export_options
 from .._tvm import configure_threads, resolve_target
 from ..registry import HELPERS, OPS, get_op
 from ..schedule.traits import cpu_traits
-from ..validation import validate_attrs
+from ..validation import plain_attrs
 from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
 from .tasks import Task, task_of, tasks_for, workload
@@ -76,7 +76,7 @@ def collect_tasks(ops, dtypes, shapes) -> list[Task]:
     seen: dict[str, Task] = {}
     for name in names:
         op = get_op(name)
-        attrs = validate_attrs(op, {"use_peephole": False} if op.attrs else {})
+        attrs = plain_attrs(op)
         for dtype in dtypes:
             for steps, batch, isize, hsize in shapes:
                 for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch):

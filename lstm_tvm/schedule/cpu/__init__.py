@@ -23,7 +23,7 @@ from ..blocks import leaf_blocks
 from ..traits import cpu_traits
 from . import gemm, loops
 from .fusion import merge_groups
-from .gemm import AVX512, K_UNROLL, GemmTile, apply_gemm, default_tile, gemm_axes
+from .gemm import AVX512, K_UNROLL, GemmTile, apply_gemm, default_tile
 
 log = logging.getLogger(__name__)
 
@@ -69,5 +69,5 @@ def _apply_rules(sch: Schedule, block, traits) -> None:
             return
 
 
-__all__ = ["AVX512", "K_UNROLL", "RULES", "GemmTile", "apply_gemm", "default_tile", "gemm_axes",
+__all__ = ["AVX512", "K_UNROLL", "RULES", "GemmTile", "apply_gemm", "default_tile",
            "schedule_cpu"]

@@ -76,8 +76,8 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
 def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
     """Tile ``block`` if it is a GEMM a register tile fits (:func:`default_tile`); the tile
     applied, or None where the rule does not apply."""
-    loops = block_loops(sch, block)
-    if loops is None or len(loops.spatial) != 2 or len(loops.reduce) != 1:
+    loops = _gemm_loops(sch, block)
+    if loops is None:
         return None
     stmt = sch.get(block)
     tile = default_tile(*loops.extents, sch.get(loops.reduce[0]).extent,
@@ -88,21 +88,23 @@ def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
     return tile
 
 
-def gemm_axes(sch: Schedule, block):
-    """``(m, n, k)`` loops and ``(M, N)`` extents of a GEMM-shaped block, else None."""
-    stmt = sch.get(block)
-    loops = sch.get_loops(block)[-len(stmt.iter_vars):]
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    if kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
-        return None
-    return loops, [iv.dom.extent for iv in stmt.iter_vars[:2]]
-
-
 def apply_gemm(sch: Schedule, block, tile: GemmTile) -> None:
-    """Schedule a GEMM-shaped block (see :func:`gemm_axes`) with ``tile`` (whose fields may
-    be sampled random variables of a tuning space)."""
-    (m, n, k), _ = gemm_axes(sch, block)
-    _gemm(sch, block, [m, n], k, tile)
+    """Schedule a GEMM block (iterators ``m, n`` spatial and ``k`` a reduction, in that order)
+    with ``tile`` (whose fields may be sampled random variables of a tuning space)."""
+    loops = _gemm_loops(sch, block)
+    if loops is None:
+        raise ValueError(f"block {sch.get(block).name_hint!r} is not a GEMM (m, n, k)")
+    _gemm(sch, block, loops.spatial, loops.reduce[0], tile)
+
+
+def _gemm_loops(sch: Schedule, block):
+    """The block's loops if it is GEMM-shaped (spatial ``m, n``, then a reduction ``k``)."""
+    loops = block_loops(sch, block)
+    kinds = [iv.iter_type for iv in sch.get(block).iter_vars]
+    if loops is None or kinds != [tirx.IterVar.DataPar, tirx.IterVar.DataPar,
+                                  tirx.IterVar.CommReduce]:
+        return None
+    return loops
 
 
 def _rows_contiguous(stmt, m, n, k) -> bool:
