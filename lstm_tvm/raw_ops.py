@@ -87,7 +87,8 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
         raise TypeError(f"{op.name}: expected inputs as a mapping, got {type(inputs).__name__}")
     arrays = {}
     for name, value in inputs.items():
-        arrays[name] = value if (name == "seq_len_max" and _is_int_scalar(value)) else \
+        arrays[name] = value if type(value) is np.ndarray or (
+            name == "seq_len_max" and _is_int_scalar(value)) else \
             _to_numpy(value, f"{op.name}: input {name!r}")
     key = _plan_key(op, arrays, attrs, target, device)
     plan = _plans.get(key) if key is not None else None
@@ -140,8 +141,8 @@ def _plan_key(op: OpSpec, arrays: dict, attrs, target, device):
     """The configuration of a call as a hashable key (None when some part is not hashable:
     such calls are planned every time)."""
     try:
-        shapes = tuple((n, a.shape, a.dtype.str) for n, a in arrays.items()
-                       if n != "seq_len_max")
+        # a dtype compares its byte order too: ``>f4 != <f4``
+        shapes = tuple((n, a.shape, a.dtype) for n, a in arrays.items() if n != "seq_len_max")
         where = (target if isinstance(target, str) or target is None else
                  json.dumps(target, sort_keys=True) if isinstance(target, dict) else str(target),
                  None if device is None else (device.dlpack_device_type(), device.index))
@@ -182,15 +183,18 @@ def _input_shapes(op: OpSpec, arrays):
 
 
 def _make(op: OpSpec):
+    input_names, attr_names = frozenset(op.input_names), frozenset(op.attr_names)
+    known = input_names | attr_names
+
     def fn(**kwargs):
         kwargs.pop("name", None)
         where = {k: kwargs.pop(k) for k in ("target", "device") if k in kwargs}
-        unknown = set(kwargs) - set(op.input_names) - set(op.attr_names)
-        if unknown:
-            raise TypeError(f"{op.name}: unexpected argument(s) {sorted(unknown)}; expected "
-                            f"inputs {list(op.input_names)} and attributes {list(op.attr_names)}")
-        inputs = {k: v for k, v in kwargs.items() if k in op.input_names}
-        attrs = {k: v for k, v in kwargs.items() if k in op.attr_names}
+        if not kwargs.keys() <= known:
+            raise TypeError(f"{op.name}: unexpected argument(s) {sorted(kwargs.keys() - known)}; "
+                            f"expected inputs {list(op.input_names)} and attributes "
+                            f"{list(op.attr_names)}")
+        inputs = {k: v for k, v in kwargs.items() if k in input_names}
+        attrs = {k: v for k, v in kwargs.items() if k in attr_names}
         return run(op.name, inputs, attrs, **where)
 
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]

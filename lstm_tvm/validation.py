@@ -314,10 +314,12 @@ def _check_dtypes(op: OpSpec, floats, inputs) -> str:
 
 def _int_scalar(op: OpSpec, name: str, value) -> int:
     """Rule 3: a Python int, NumPy integer or 0-d integer array, as a Python int."""
+    if type(value) is int or isinstance(value, np.integer):  # the common case, first
+        return int(value)
     where = f"{op.name}: input '{name}'"
     if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{where} expected an integer scalar, got {_describe(value)}")
-    if isinstance(value, (int, np.integer)):
+    if isinstance(value, int):
         return int(value)
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iu":
