@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import json
 import os
 import platform
@@ -24,7 +25,24 @@ __all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "SBlock", "SBlockR
            "resolve_target", "target_key", "host_cpu", "device_for", "configure_threads",
            "DEFAULT_CUDA_ARCH", "cuda_arch", "target_name", "build_scope", "device_exists",
            "missing_device_error", "nvcc_compile", "TARGET_ALIASES", "host_arch", "target_arch",
-           "target_triple"]
+           "target_triple", "meta_schedule"]
+
+
+def meta_schedule():
+    """``tvm.s_tir.meta_schedule``, with TVM's tensor intrinsics (which every ``TuneContext``
+    imports) registered cheaply.
+
+    Each of their few hundred TVMScript functions calls ``inspect.stack()``; for a frame of
+    ``<frozen importlib._bootstrap>`` (an import in progress) ``inspect.getmodule`` finds no
+    file to cache and scans all of ``sys.modules``, every frame, every function: most of a
+    short tuning session's time (docs/performance.md). Naming those frames' modules in
+    ``inspect``'s own file-to-module cache first makes each lookup a dictionary access.
+    """
+    for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
+        inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
+    import tvm.s_tir.tensor_intrin  # noqa: F401 (registers the intrinsics)
+    from tvm.s_tir import meta_schedule as ms
+    return ms
 
 
 @functools.cache

@@ -71,16 +71,16 @@ def _host_space_size(task) -> int:
 
 
 def test_tune_command_writes_database_resumes_and_is_applied(schedules):
-    # one task, gates 8x64x24
-    size = _host_space_size(_only_task(["LSTMBlockCell"], (1, 5, 8, 16)))
-    args = ["--ops", "LSTMBlockCell", "--shapes", "1x5x8x16", "--trials", "2", "--seed", "1"]
+    # one task, gates 8x16x8: a small space (8 to 12 schedules) to search to its end
+    size = _host_space_size(_only_task(["LSTMBlockCell"], (1, 5, 4, 4)))
+    args = ["--ops", "LSTMBlockCell", "--shapes", "1x5x4x4", "--trials", "2", "--seed", "1"]
     result = _tune_cli(args)
     assert result.returncode == 0, result.stdout + result.stderr
     folder = database.database_dir(resolve_target())
     assert folder.parent == schedules
     assert (folder / database.WORKLOAD_FILE).exists()
     assert _record_count(folder) == 2
-    assert "gates 8x64x24" in result.stdout
+    assert "gates 8x16x8" in result.stdout
     result = _tune_cli(args)  # resumes: the task already has its trials
     assert result.returncode == 0, result.stdout + result.stderr
     assert _record_count(folder) == 2
@@ -93,10 +93,10 @@ def test_tune_command_writes_database_resumes_and_is_applied(schedules):
     assert _record_count(schedules.parent / "all" / folder.name) == size
     assert (f"space exhausted after {size} distinct schedules ({size + 1} trials asked)"
             in result.stdout)
-    spec = build.make_spec("LSTMBlockCell", "float32", 8, 16,
+    spec = build.make_spec("LSTMBlockCell", "float32", 4, 4,
                            {"forget_bias": 1.0, "cell_clip": 3.0, "use_peephole": False})
     assert [name for name, _, _ in spec.tuned] == ["gates"]
-    _check_against_reference("LSTMBlockCell", 8, 16, [(None, 5), (None, 13)],
+    _check_against_reference("LSTMBlockCell", 4, 4, [(None, 5), (None, 13)],
                              {"use_peephole": False})
 
 
@@ -334,8 +334,8 @@ def test_tune_says_when_a_task_exhausts_its_space(schedules, tmp_path, monkeypat
     from lstm_tvm.tuning import session, tune
 
     monkeypatch.setenv("LSTM_TVM_CACHE_DIR", str(tmp_path / "cache"))
-    args = (["LSTMBlockCell"], ["float32"], [(1, 5, 8, 16)])
-    size = _host_space_size(_only_task(args[0], args[2][0]))  # one task, gates 8x64x24
+    args = (["LSTMBlockCell"], ["float32"], [(1, 5, 4, 4)])
+    size = _host_space_size(_only_task(args[0], args[2][0]))  # one task, gates 8x16x8
     asked = size + 4
     (result,) = tune(*args, trials=asked, seed=0, progress=False)
     assert (result.requested, result.space_size, result.distinct, result.trials) == (

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .. import env
 from ..cross_compile import export_options
-from .._tvm import configure_threads, resolve_target
+from .._tvm import configure_threads, meta_schedule, resolve_target
 from ..registry import HELPERS, OPS, get_op
 from ..schedule.traits import cpu_traits
 from ..validation import plain_attrs
@@ -197,8 +197,7 @@ def _search(todo, n_tasks, target, db, progress, seed, builder, runner) -> None:
 
 
 def _search_task(task, count, target, seed, logger, bar, tools) -> None:
-    from tvm.s_tir import meta_schedule as ms
-
+    ms = meta_schedule()
     ctx = ms.TuneContext(mod=workload(task), target=target,
                          space_generator=space(task, cpu_traits(target)),
                          search_strategy="evolutionary", task_name=task.key,
