@@ -59,8 +59,8 @@ def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
 def test_each_step_launches_two_parallel_regions(op_name, sizes):
     """The recurrent GEMM (whose reduction, of 512 here, a GEMM outside the time loop would cut
     into slabs, each a parallel loop) and the gate math: one parallel loop each per step. The
-    GEMM has two versions, one row per tile for a batch of 1 or 2 and padded tiles from 3 on
-    (the branches of an ``if`` on ``B``): a step runs one of them."""
+    GEMM has three versions, one row per tile for a batch of 1 or 2, 4-row tiles for 3 or 4,
+    8-row tiles from 5 on (the branches of an ``if`` chain on ``B``): a step runs one of them."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})
     func = BUILDERS[op_name](op, "float32", *sizes, attrs)
@@ -75,12 +75,17 @@ def test_each_step_launches_two_parallel_regions(op_name, sizes):
                                         if node.kind == tirx.ForKind.PARALLEL else None)])
         return len(found)
 
-    branches = []
-    tvm_ffi.structural_walk(steps[0].body, [(tirx.IfThenElse, branches.append)])
-    assert len(branches) == 1 and branches[0].else_case is not None
-    then, other = (parallel_loops(b) for b in (branches[0].then_case, branches[0].else_case))
-    assert then == other == 1
-    assert parallel_loops(steps[0].body) - then - other + max(then, other) == 2
+    def branches(stmt) -> list:
+        found = []
+        tvm_ffi.structural_walk(stmt, [(tirx.IfThenElse, found.append)])
+        return found
+
+    chain = branches(steps[0].body)
+    assert len(chain) == 2 and all(b.else_case is not None for b in chain)
+    (last,) = [b for b in chain if not branches(b.else_case)]
+    versions = [b.then_case for b in chain] + [last.else_case]
+    assert [parallel_loops(v) for v in versions] == [1, 1, 1]
+    assert parallel_loops(steps[0].body) == len(versions) + 1  # the versions and the gate math
 
 
 def test_cpu_thread_pool_uses_every_core():
