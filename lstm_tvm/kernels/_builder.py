@@ -231,7 +231,10 @@ def _panel_layout(rows: int, cols: int):
 
 
 def padded(rows, multiple: int = ROW_TILE):
-    """``rows`` rounded up to a multiple of ``multiple`` (symbolic sizes welcome)."""
+    """``rows`` rounded up to a multiple of ``multiple`` (symbolic sizes welcome; ``rows``
+    itself for a multiple of 1, not an expression that only simplifies to it)."""
+    if multiple == 1:
+        return rows
     return (rows + multiple - 1) // multiple * multiple
 
 
