@@ -4,6 +4,7 @@ CPU targets tests parametrize over."""
 import os
 import tempfile
 
+import psutil
 import pytest
 
 #: The CPU targets tests parametrize over, by test id: this host's CPU, and named CPUs of each
@@ -17,13 +18,29 @@ CPU_TARGETS = {"host": "llvm",
 
 
 def pytest_configure(config):
-    # Tests never read or write the user's cache: a fresh one per session.
+    # Tests never read or write the user's cache: a fresh one per session (per worker process
+    # under pytest-xdist: each one configures itself).
     if "LSTM_TVM_CACHE_DIR" not in os.environ or os.environ.get("CI"):
         os.environ["LSTM_TVM_CACHE_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_cache_")
     # Nor the user's tuning records: an empty user root (the shipped records still apply).
     if "LSTM_TVM_SCHEDULES_DIR" not in os.environ or os.environ.get("CI"):
         os.environ["LSTM_TVM_SCHEDULES_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_schedules_")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+#: Memory a test worker may take (TensorFlow, ONNX Runtime and TVM loaded, a tuning test's
+#: child processes): ``-n auto`` starts no more workers than fit the available memory.
+WORKER_MEMORY = 3 * 2**30
+MAX_WORKERS = 8
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for ``-n auto`` (pyproject's addopts): one per CPU this process may use, at most
+    one per :data:`WORKER_MEMORY` of available memory and :data:`MAX_WORKERS`. A file's tests run
+    in one worker (``--dist loadfile``), so the kernels they share compile once."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    memory = psutil.virtual_memory().available // WORKER_MEMORY
+    return max(1, min(cpus or 1, memory, MAX_WORKERS))
 
 
 @pytest.hookimpl(trylast=True)  # after the parametrize marks: the target's id comes last
