@@ -28,6 +28,8 @@ __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE"
 ROW_TILE = 8
 #: Columns of a panel (see :func:`panels`): the register tile's width of GEMMs that read one.
 PANEL = 32
+#: Rows of the source a transposing :func:`panels` copy walks per tile (one panel wide).
+TRANSPOSE_TILE = 32
 #: Block annotation of :func:`spatial` blocks in a fusion group (see there).
 FUSE_GROUP = "lstm_tvm.fuse_group"
 #: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
@@ -202,7 +204,8 @@ def flat(buffer, rows, first=0, name: str | None = None):
     return view
 
 
-def panels(name: str, rows: int, cols: int, value: Callable, scratch=None):
+def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
+           transpose: bool = False):
     """Float32 scratch holding ``value(r, c)`` for ``r < rows, c < cols`` (block ``name``), and
     its accessor ``(r, c) -> load``, for a GEMM's right operand (``r`` the reduction index).
 
@@ -212,11 +215,33 @@ def panels(name: str, rows: int, cols: int, value: Callable, scratch=None):
     for the recurrent products). Otherwise it is stored ``(rows, cols)``. ``scratch`` (from
     :func:`panel_scratch`) is filled instead of a new buffer: one allocated outside a loop
     whose every iteration refills it.
+
+    ``transpose``: ``value`` reads contiguous memory along ``r``, not ``c`` (the panels of a
+    transposed matrix). The block then walks tiles of :data:`TRANSPOSE_TILE` rows of one
+    panel, ``r`` innermost: it reads whole cache lines of the source and writes each tile
+    (4 KiB) while it is in the L1 cache. Along ``c`` the source's lines lie a row of the source
+    apart, often a multiple of 4 KiB: those of one tile would all fall in one set of the L1
+    cache and evict each other (docs/performance.md, "transposed weights").
     """
     shape, at = _panel_layout(rows, cols)
     buf = temp(name, shape) if scratch is None else scratch
-    spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c), list(at(r, c))))
+    if transpose and not cols % PANEL and divides_rows(rows, TRANSPOSE_TILE):
+        tile = TRANSPOSE_TILE
+
+        def store_tile(cp, rt, c, r):
+            row, col = rt * tile + r, cp * PANEL + c
+            T.buffer_store(buf, value(row, col), list(at(row, col)))
+
+        spatial(name, (cols // PANEL, rows // tile, PANEL, tile), store_tile)
+    else:
+        spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c),
+                                                                 list(at(r, c))))
     return lambda r, c: buf[at(r, c)]
+
+
+def divides_rows(rows, multiple: int) -> bool:
+    """Whether ``multiple`` divides the constant ``rows`` (False for a symbolic one)."""
+    return isinstance(rows, int) and not rows % multiple
 
 
 def panel_scratch(name: str, rows: int, cols: int):
