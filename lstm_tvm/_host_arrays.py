@@ -1,10 +1,11 @@
 """NumPy arrays handed to CPU kernels without copies, and aligned output arrays.
 
-The kernels read and write their buffers with vector loads that assume TVM's 64-byte
-alignment (a misaligned pointer crashes them), so a NumPy array is passed by DLPack only when
-it is C-contiguous, writeable, in native byte order, 64-byte aligned and of 16 KiB or more
-(below, a copy costs no more than the checks); any other array is copied once into an aligned
-staging buffer of the calling thread (reused from call to call).
+CPU kernels read their inputs wherever they lie (aligned to their element size, see
+:func:`lstm_tvm.kernels._builder.unaligned_inputs`), so a NumPy array is passed by DLPack when
+it is C-contiguous, writeable, aligned (NumPy's flag), in native byte order and of 16 KiB or
+more (below, a copy costs no more than the checks); any other array is copied once into an
+aligned staging buffer of the calling thread (reused from call to call). Outputs, which the
+kernels write with vector stores that assume TVM's 64-byte alignment, are this module's own.
 Outputs are views into one aligned buffer per call; a thread reuses its last buffer only when
 nothing references it any more (the caller dropped every output of that call), so an output
 the caller keeps is never overwritten and a serving loop touches no fresh memory.
@@ -57,9 +58,8 @@ def kernel_args(arrays, slot) -> list:
     for i, array in enumerate(arrays):
         flags = array.flags
         if (array.nbytes >= _COPY_BELOW and flags.c_contiguous and flags.writeable
-                and array.dtype.isnative
-                and not array.__array_interface__["data"][0] % ALIGNMENT):
-            out.append(tvm_ffi.from_dlpack(array, require_alignment=ALIGNMENT,
+                and flags.aligned and array.dtype.isnative):
+            out.append(tvm_ffi.from_dlpack(array, require_alignment=array.dtype.alignment,
                                            require_contiguous=True))
             continue
         entry = staged[i]

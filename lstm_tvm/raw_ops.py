@@ -11,7 +11,7 @@ device (from NumPy, or through DLPack from any device) and outputs back to NumPy
 On the CPU a call costs little more than the kernel: the op compiled for a configuration (op,
 attributes, target, device and the inputs' shapes and dtypes) and the checks of its inputs are
 remembered after the first call, so a later call checks only ``seq_len_max``; inputs the
-kernels can read in place (C-contiguous, writeable, native byte order, 64-byte aligned) are
+kernels can read in place (C-contiguous, writeable, aligned, native byte order) are
 not copied, and outputs are written where they are returned (see :mod:`lstm_tvm._host_arrays`).
 The tuning records of a configuration are those found at its first call in the process (or
 after :func:`lstm_tvm.build.clear_memory_cache`).

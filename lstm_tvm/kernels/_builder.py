@@ -17,10 +17,10 @@ from ..registry import OpSpec
 from ._gates import ACC
 
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE",
-           "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms",
+           "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms", "cpu_variants",
            "fixed_sizes", "flat", "gemm", "kernel", "padded", "panel_scratch", "panels",
            "reduction", "row_chunks", "single_row_steps", "spatial", "step_gemm", "step_views",
-           "temp", "tensor_loads", "time_loop", "uses_var", "zero"]
+           "temp", "tensor_loads", "time_loop", "unaligned_inputs", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -113,6 +113,7 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
     sizes = {"T": tirx.Var("T", "int64"), "B": tirx.Var("B", "int64"),
              **(_FIXED_SIZES.get() or {}), "I": input_size, "H": cell_size}
     specs = list(params) if params else list(op.inputs) + list(op.outputs)
+    inputs = [] if params else list(op.inputs)
     with IRBuilder() as builder:
         with T.prim_func(s_tir=True):
             T.func_name(f"lstm_tvm_{op.name}_{dtype}")
@@ -123,8 +124,12 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     buffers[spec.name] = T.arg(spec.name, tirx.Var(spec.name, "int64"))
                 else:
                     shape = spec.concrete_shape(sizes)
+                    spec_dtype = dtype if spec.dtype == "T" else spec.dtype
+                    # 0: TVM's allocation alignment (64 bytes)
+                    align = (_ELEMENT_BYTES[spec_dtype]
+                             if _UNALIGNED_INPUTS.get() and spec in inputs else 0)
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
-                        shape, dtype if spec.dtype == "T" else spec.dtype, buffer_name=spec.name))
+                        shape, spec_dtype, buffer_name=spec.name, align=align))
             if "seq_len_max" in buffers and _FIXED_SIZES.get():
                 _STEPS.set((buffers["seq_len_max"], sizes["T"]))
             if "seq_len_max" in buffers:
@@ -325,6 +330,31 @@ def single_row_steps(enabled: bool):
         yield
     finally:
         _SINGLE_ROWS.reset(token)
+
+
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4}
+_UNALIGNED_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar("unaligned_inputs",
+                                                                         default=False)
+
+
+@contextlib.contextmanager
+def unaligned_inputs(enabled: bool):
+    """Build kernels whose inputs need only their element's alignment (a CPU build: x86 and
+    AArch64 load vectors from any address, at the aligned speed where the data is aligned), so
+    callers pass any C-contiguous array in place; else (default, GPUs) TVM's 64 bytes, which
+    LLVM may use for aligned vector loads. Outputs keep 64 bytes either way."""
+    token = _UNALIGNED_INPUTS.set(enabled)
+    try:
+        yield
+    finally:
+        _UNALIGNED_INPUTS.reset(token)
+
+
+def cpu_variants() -> bool:
+    """Whether the kernel being built may take its CPU-only versions (those of
+    :func:`single_row_steps`; off for the GPU schedules, whose tiles need constant extents):
+    the small-batch versions of a step's GEMMs, the weight gradient's tail chunk."""
+    return _SINGLE_ROWS.get()
 
 
 def step_views(out, M) -> tuple:

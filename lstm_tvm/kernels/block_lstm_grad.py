@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (K_SLAB, PANEL, ROW_TILE, T, flat, gemm, kernel, padded, panel_scratch,
-                       panels, reduction, row_chunks, spatial, step_gemm, step_views, temp,
-                       time_loop, zero)
+from ._builder import (K_SLAB, PANEL, ROW_TILE, T, cpu_variants, flat, gemm, kernel, padded,
+                       panel_scratch, panels, reduction, row_chunks, spatial, step_gemm,
+                       step_views, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -145,8 +145,9 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     the last row) and its rows of ``dicfo`` into column panels (``w_grad_d``), then one GEMM
     ``w_grad`` adds their product to the accumulator: the float32 output (``in_place``), or a
     float32 scratch of the size of ``w``. Returns the accumulator. The tail's GEMM
-    (``w_grad_tail``) reduces over the rows left rounded up to :data:`PANEL`, not a whole
-    chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x the arithmetic.
+    (``w_grad_tail``; CPU builds, see :func:`cpu_variants`) reduces over the rows left rounded
+    up to :data:`PANEL`, not a whole chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x the
+    arithmetic.
 
     The GEMM's operands then stay in the L2 cache, and stream contiguous memory, instead of
     rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands").
@@ -179,13 +180,16 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         gemm(prefix, acc, I + H, G, rows, lambda k, r: a[r, k], d, pad=False,
              init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()))
 
-    whole = M // chunk * chunk
+    # The GPU schedules take whole chunks only (their tiles need a constant reduction).
+    tail = cpu_variants()
+    whole = M // chunk * chunk if tail else M
     with row_chunks("w_grad_chunk", whole, chunk, per_step=True) as (first, _):
         chunk_gemm("w_grad", first, chunk)
-    # At most one chunk, of the rows left rounded up to PANEL (at most ``chunk``): ``dicfo``
-    # is zero that far past its last row, the packs write zeros there.
-    with row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
-        chunk_gemm("w_grad_tail", whole, padded(M - whole, PANEL))
+    if tail:
+        # At most one chunk, of the rows left rounded up to PANEL (at most ``chunk``):
+        # ``dicfo`` is zero that far past its last row, the packs write zeros there.
+        with row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
+            chunk_gemm("w_grad_tail", whole, padded(M - whole, PANEL))
     return acc
 
 
