@@ -1,5 +1,6 @@
-"""Deployment batch sizes through the sequence kernels: below ``SINGLE_ROWS_BELOW`` rows the
-per-step GEMMs (``gates`` forward, ``dh`` backward) run one row per tile without padding, up to
+"""Deployment batch sizes through the sequence kernels and the cell forward: below
+``SINGLE_ROWS_BELOW`` rows the per-step GEMMs (``gates`` forward and in ``LSTMBlockCell``,
+``dh`` backward) run one row per tile without padding, up to
 ``SHORT_ROWS`` rows padded to ``SHORT_ROWS``, from there padded to ``ROW_TILE`` rows; every path
 against the float64 reference, with peepholes, an active clip, padded steps
 (``seq_len_max < T``) and float16."""
@@ -13,22 +14,26 @@ from lstm_tvm.kernels._builder import ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW
 from lstm_tvm.validation import validate_attrs
 
 SEQ_OPS = [n for n, op in registry.OPS.items() if op.kind == "sequence"]
+#: The ops whose GEMMs have small-batch versions.
+STEP_GEMM_OPS = SEQ_OPS + ["LSTMBlockCell"]
 #: Both sides of each threshold: one row per tile, padded tiles, a whole tile and past it.
 BATCHES = sorted({1, SINGLE_ROWS_BELOW - 1, SINGLE_ROWS_BELOW, SHORT_ROWS, SHORT_ROWS + 1,
                   ROW_TILE - 1, ROW_TILE, ROW_TILE + 1})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("op_name", SEQ_OPS)
+@pytest.mark.parametrize("op_name", STEP_GEMM_OPS)
 def test_every_batch_size_matches_the_reference(op_name, dtype):
     op = registry.get_op(op_name)
     attrs = {"use_peephole": True}
     if "cell_clip" in op.attr_names:
         attrs["cell_clip"] = 0.5  # active: the cell state reaches past it
     for B in BATCHES:
-        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=8, H=16, T=6, seed=B,
-                                     attrs=attrs)
-        inputs["seq_len_max"] = np.int64(4)
+        sequence = op.kind == "sequence"
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=8, H=16,
+                                     T=6 if sequence else None, seed=B, attrs=attrs)
+        if sequence:
+            inputs["seq_len_max"] = np.int64(4)
         got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
         ref = reference.run(op_name, inputs, attrs)
         for name in op.output_names:
@@ -37,7 +42,7 @@ def test_every_batch_size_matches_the_reference(op_name, dtype):
 
 
 @pytest.mark.parametrize("suffix", ["_rows", f"_rows{SHORT_ROWS}"])
-@pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGradV2"])
+@pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGradV2", "LSTMBlockCell"])
 def test_the_small_batch_blocks_are_scheduled(op_name, suffix):
     op = registry.get_op(op_name)
     spec = build.make_spec(op_name, "float32", 8, 16,

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import T, gemm, kernel, padded, reduction, spatial, temp, zero
+from ._builder import (T, gemm, kernel, padded, reduction, spatial, step_gemm, step_views, temp,
+                       zero)
 from ._gates import (ICF, CellConfig, cell_backward, cell_forward, f32, gate_activations,
                      gate_offsets, store)
 
 
 def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
-    """``LSTMBlockCell``: ``g = [x, h_prev] @ w + b`` (block ``gates``, its operand gathered,
-    widened and row-padded by block ``xh``), then the gate math of one step (blocks
+    """``LSTMBlockCell``: ``g = [x, h_prev] @ w + b`` (block ``gates``, or ``gates_rows`` /
+    ``gates_rows4`` at small batches as a sequence step's, see :func:`step_gemm`; its operand
+    gathered, widened and row-padded by block ``xh``), then the gate math of one step (blocks
     ``gate_act`` and ``cell``, see :func:`cell_blocks`)."""
     I, H = input_size, cell_size
     G = 4 * H
@@ -24,8 +26,8 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         spatial("xh", (padded(B), I + H), lambda n, k: T.buffer_store(xh, tirx.if_then_else(
             n < B, tirx.if_then_else(k < I, f32(x[n, k]), f32(h_prev[n, k - I])), zero()),
             [n, k]))
-        gemm("gates", gates, B, G, I + H, lambda n, k: xh[n, k], lambda k, j: f32(w[k, j]),
-             init=lambda n, j: f32(buf["b"][j]))
+        step_gemm("gates", gates, step_views(gates, B), B, G, I + H, lambda n, k: xh[n, k],
+                  lambda k, j: f32(w[k, j]), init=lambda n, j: f32(buf["b"][j]))
         cell_blocks(cfg, buf, dtype, activation_scratch(B, H), lambda n, k, g: gates[n, off[g] + k],
                     lambda n, k: f32(buf["cs_prev"][n, k]), lambda n, k: (n, k))
     return builder.get()
