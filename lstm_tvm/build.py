@@ -24,7 +24,7 @@ from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
 from .kernels import kernel_func
-from .kernels._builder import single_row_steps, unaligned_inputs
+from .kernels._builder import cpu_kernels
 from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,7 @@ def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
     target = resolve_target(json.loads(spec.target))
-    cpu = str(target.kind.name) == "llvm"
-    with single_row_steps(cpu), unaligned_inputs(cpu):
+    with cpu_kernels(str(target.kind.name) == "llvm"):
         func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size,
                            dict(spec.attrs))
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}

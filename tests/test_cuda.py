@@ -22,7 +22,7 @@ import lstm_tvm
 from lstm_tvm import build, reference, registry, testing, validation
 from lstm_tvm._tvm import DEFAULT_CUDA_ARCH, cuda_arch, nvcc_compile, resolve_target, target_name
 from lstm_tvm.kernels import BUILDERS
-from lstm_tvm.kernels._builder import single_row_steps
+from lstm_tvm.kernels._builder import cpu_kernels
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
 
@@ -48,7 +48,7 @@ def _attrs(op_name, use_peephole=True):
 
 
 def _kernel(op_name, dtype, input_size, cell_size, attrs):
-    with single_row_steps(False):  # as build.primfunc builds for a GPU
+    with cpu_kernels(False):  # as build.primfunc builds for a GPU
         return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
 
 

@@ -12,15 +12,17 @@ import contextvars
 import dataclasses
 from typing import Callable, Sequence
 
+import numpy as np
+
 from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE",
-           "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms", "cpu_variants",
-           "fixed_sizes", "flat", "gemm", "kernel", "padded", "panel_scratch", "panels",
-           "reduction", "row_chunks", "single_row_steps", "spatial", "step_gemm", "step_views",
-           "temp", "tensor_loads", "time_loop", "unaligned_inputs", "uses_var", "zero"]
+           "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms", "cpu_kernels",
+           "cpu_variants", "fixed_sizes", "flat", "gemm", "kernel", "padded", "panel_scratch",
+           "panels", "reduction", "row_chunks", "spatial", "step_gemm", "step_views", "temp",
+           "tensor_loads", "time_loop", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -126,8 +128,8 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     shape = spec.concrete_shape(sizes)
                     spec_dtype = dtype if spec.dtype == "T" else spec.dtype
                     # 0: TVM's allocation alignment (64 bytes)
-                    align = (_ELEMENT_BYTES[spec_dtype]
-                             if _UNALIGNED_INPUTS.get() and spec in inputs else 0)
+                    align = (np.dtype(spec_dtype).itemsize
+                             if cpu_variants() and spec in inputs else 0)
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
                         shape, spec_dtype, buffer_name=spec.name, align=align))
             if "seq_len_max" in buffers and _FIXED_SIZES.get():
@@ -230,7 +232,7 @@ def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
     """
     shape, at = _panel_layout(rows, cols)
     buf = temp(name, shape) if scratch is None else scratch
-    if transpose and not cols % PANEL and divides_rows(rows, TRANSPOSE_TILE):
+    if transpose and not cols % PANEL and isinstance(rows, int) and not rows % TRANSPOSE_TILE:
         tile = TRANSPOSE_TILE
 
         def store_tile(cp, rt, c, r):
@@ -242,11 +244,6 @@ def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
         spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c),
                                                                  list(at(r, c))))
     return lambda r, c: buf[at(r, c)]
-
-
-def divides_rows(rows, multiple: int) -> bool:
-    """Whether ``multiple`` divides the constant ``rows`` (False for a symbolic one)."""
-    return isinstance(rows, int) and not rows % multiple
 
 
 def panel_scratch(name: str, rows: int, cols: int):
@@ -317,44 +314,27 @@ SINGLE_ROWS_BELOW = 3
 SHORT_ROWS = 4
 
 
-_SINGLE_ROWS: contextvars.ContextVar[bool] = contextvars.ContextVar("single_rows",
-                                                                    default=True)
+_CPU_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar("cpu_kernels", default=True)
 
 
 @contextlib.contextmanager
-def single_row_steps(enabled: bool):
-    """Build kernels with (default) or without the small-batch versions of the per-step GEMMs
-    (:func:`step_gemm`): a CPU schedule's choice; the GPU schedules take one version."""
-    token = _SINGLE_ROWS.set(enabled)
+def cpu_kernels(enabled: bool):
+    """Build kernels for a CPU (default) or not (the GPU schedules): see :func:`cpu_variants`."""
+    token = _CPU_KERNELS.set(enabled)
     try:
         yield
     finally:
-        _SINGLE_ROWS.reset(token)
-
-
-_ELEMENT_BYTES = {"float32": 4, "float16": 2, "int64": 8, "int32": 4}
-_UNALIGNED_INPUTS: contextvars.ContextVar[bool] = contextvars.ContextVar("unaligned_inputs",
-                                                                         default=False)
-
-
-@contextlib.contextmanager
-def unaligned_inputs(enabled: bool):
-    """Build kernels whose inputs need only their element's alignment (a CPU build: x86 and
-    AArch64 load vectors from any address, at the aligned speed where the data is aligned), so
-    callers pass any C-contiguous array in place; else (default, GPUs) TVM's 64 bytes, which
-    LLVM may use for aligned vector loads. Outputs keep 64 bytes either way."""
-    token = _UNALIGNED_INPUTS.set(enabled)
-    try:
-        yield
-    finally:
-        _UNALIGNED_INPUTS.reset(token)
+        _CPU_KERNELS.reset(token)
 
 
 def cpu_variants() -> bool:
-    """Whether the kernel being built may take its CPU-only versions (those of
-    :func:`single_row_steps`; off for the GPU schedules, whose tiles need constant extents):
-    the small-batch versions of a step's GEMMs, the weight gradient's tail chunk."""
-    return _SINGLE_ROWS.get()
+    """Whether the kernel being built is for a CPU (:func:`cpu_kernels`), and so takes the
+    versions only a CPU schedule handles: the small-batch versions of a step's GEMMs
+    (:func:`step_gemm`), the weight gradient's tail chunk (the GPU tiles need constant
+    extents), and inputs that need only their element's alignment (x86 and AArch64 load vectors
+    from any address, at the aligned speed on aligned data, so callers pass any C-contiguous
+    array in place; a GPU build keeps TVM's 64 bytes). Outputs keep 64 bytes either way."""
+    return _CPU_KERNELS.get()
 
 
 def step_views(out, M) -> tuple:
@@ -377,7 +357,7 @@ def step_gemm(name: str, out, views, M, N, K, a: Callable, b: Callable,
     the block it takes."""
     versions = [(SINGLE_ROWS_BELOW, f"{name}_rows", views[0], 1),
                 (SHORT_ROWS + 1, f"{name}_rows{SHORT_ROWS}", views[1], SHORT_ROWS)]
-    if not _SINGLE_ROWS.get():
+    if not cpu_variants():
         versions = []
 
     def emit(i):

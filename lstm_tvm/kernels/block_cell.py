@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import (T, gemm, kernel, padded, reduction, spatial, step_gemm, step_views, temp,
-                       zero)
+from ._builder import T, kernel, padded, reduction, spatial, step_gemm, step_views, temp, zero
 from ._gates import (ICF, CellConfig, cell_backward, cell_forward, f32, gate_activations,
                      gate_offsets, store)
 

@@ -180,8 +180,7 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         gemm(prefix, acc, I + H, G, rows, lambda k, r: a[r, k], d, pad=False,
              init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()))
 
-    # The GPU schedules take whole chunks only (their tiles need a constant reduction).
-    tail = cpu_variants()
+    tail = cpu_variants()  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
     with row_chunks("w_grad_chunk", whole, chunk, per_step=True) as (first, _):
         chunk_gemm("w_grad", first, chunk)
