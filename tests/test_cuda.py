@@ -20,7 +20,8 @@ from tvm import tirx
 
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing, validation
-from lstm_tvm._tvm import DEFAULT_CUDA_ARCH, cuda_arch, nvcc_compile, resolve_target, target_name
+from lstm_tvm._tvm import (DEFAULT_CUDA_ARCH, SBlock, cuda_arch, nvcc_compile, resolve_target,
+                           target_name)
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels._builder import cpu_kernels
 from lstm_tvm.schedule import schedule_for
@@ -52,8 +53,9 @@ def _kernel(op_name, dtype, input_size, cell_size, attrs):
         return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
 
 
-def _launches(func) -> int:
-    """The number of kernel launches of a scheduled PrimFunc: its outermost thread-bound loops."""
+def _launches(func, stmt=None) -> int:
+    """The number of kernel launches of a scheduled PrimFunc (or of ``stmt`` in it): its
+    outermost thread-bound loops."""
     count = 0
 
     def visit(node, inside: bool) -> None:
@@ -72,7 +74,7 @@ def _launches(func) -> int:
         for field in ("body", "then_case", "else_case"):
             visit(getattr(node, field, None), inside)
 
-    visit(func.body, False)
+    visit(func.body if stmt is None else stmt, False)
     return count
 
 
@@ -106,6 +108,19 @@ def test_cuda_build(op_name, dtype, arch, use_peephole, tmp_path):
     path = tmp_path / f"{op_name}.so"
     executable.export_library(str(path))
     assert path.stat().st_size > len(source)  # the library carries the kernels
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTM", "BlockLSTMV2", "BlockLSTMGrad",
+                                     "BlockLSTMGradV2"])
+def test_a_step_launches_its_gemm_and_one_gate_math_kernel(op_name):
+    """The gate math of a step (a fusion group) is one kernel: a step's launches are what
+    bounds the sequence ops at small batches."""
+    func = schedule_for(op_name, _kernel(op_name, "float32", I, H, _attrs(op_name)),
+                        resolve_target({"kind": "cuda", "arch": "sm_90"}), [])
+    steps = []
+    tvm_ffi.structural_walk(func.body, [(SBlock, lambda node: steps.append(node)
+                                         if node.name_hint == "step" else None)])
+    assert len(steps) == 1 and _launches(func, steps[0].body) == 2
 
 
 def test_resolve_cuda_targets():

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from .._tvm import Schedule
+from tvm.sym import Analyzer
+
+from .._tvm import SBlock, Schedule
+from ..kernels._builder import FUSE_GROUP, LOOP_BODY, STEP_BLOCK
 
 
 def leaf_blocks(sch: Schedule) -> list:
@@ -18,3 +21,49 @@ def leaf_blocks(sch: Schedule) -> list:
 
     visit(sch.get_sblock("root"))
     return out
+
+
+def _ancestors(sch: Schedule, block):
+    """The blocks around ``block``, innermost first."""
+    sref = sch.get_sref(block).parent
+    while sref is not None:
+        if isinstance(sref.stmt, SBlock):
+            yield sref.stmt
+        sref = sref.parent
+
+
+def in_loop_body(sch: Schedule, block) -> bool:
+    """Whether ``block`` lies inside a serial loop body marked ``LOOP_BODY`` (a time step,
+    a chunk of rows its GEMMs reduce over)."""
+    return any(LOOP_BODY in b.annotations for b in _ancestors(sch, block))
+
+
+def in_time_step(sch: Schedule, block) -> bool:
+    """Whether ``block`` lies inside a sequence kernel's time step (block ``STEP_BLOCK``)."""
+    return any(b.name_hint == STEP_BLOCK for b in _ancestors(sch, block))
+
+
+def fusion_runs(sch: Schedule, eligible=lambda sch, loops: True) -> list[list[str]]:
+    """Names of the blocks that may share one loop nest, run by run: consecutive 2-D blocks
+    of one fusion group (``spatial(..., group=)`` in the kernels) whose two loops have equal
+    extents under the same parent. A grouped block not ``eligible(sch, loops)`` (its loops)
+    ends a run; every other block is a run of one, or ends one."""
+    runs: list[list] = []  # [(block name, outer loop, inner loop, group)]
+    same = Analyzer().can_prove_equal
+    for block in leaf_blocks(sch):
+        group = sch.get(block).annotations.get(FUSE_GROUP)
+        loops = sch.get_loops(block)
+        if (group is None or len(sch.get(block).iter_vars) != 2 or len(loops) < 2
+                or not eligible(sch, loops)):
+            runs.append([])  # a run never spans another block
+            continue
+        entry = (sch.get(block).name_hint, loops[-2], loops[-1], group)
+        prev = runs[-1][-1] if runs and runs[-1] else None
+        if (prev is not None and prev[3] == group
+                and sch.get_sref(prev[1]).parent.same_as(sch.get_sref(entry[1]).parent)
+                and all(same(sch.get(a).extent, sch.get(b).extent)
+                        for a, b in zip(prev[1:3], entry[1:3]))):
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return [[name for name, *_ in run] for run in runs if run]

@@ -16,7 +16,10 @@ step kernel is future work). One rule per block kind:
   (``threadIdx.x``, coalesced); each of 8 ``threadIdx.y`` lanes sums every 8th row and TVM's
   cross-thread reduction adds the 8 partial sums.
 - *elementwise* blocks (and the fallback of every rule): spatial loops fused, split by the
-  thread count, bound to ``blockIdx.x``/``threadIdx.x``; reductions serial per thread.
+  thread count, bound to ``blockIdx.x``/``threadIdx.x``; reductions serial per thread. The
+  blocks of one fusion group (:func:`~lstm_tvm.schedule.blocks.fusion_runs`: a step's gate
+  math, which reads and writes only at its own point) first share one loop nest, so they are
+  one kernel: a sequence step launches two kernels (its GEMM and its gate math), not four.
 
 TVM 0.27's ``compute_at``/``reverse_compute_at`` need their scope to be a *stage pipeline*; the
 kernels' scopes are not (a step reads what the previous step wrote; padded rows are read past
@@ -46,7 +49,7 @@ from tvm.sym import Analyzer
 from .._tvm import Schedule, tirx
 from .gpu_ir import (declared_views, guard_empty_launches, hoist_allocations, isolated,
                      restore_views, unbound_blocks)
-from .blocks import leaf_blocks
+from .blocks import fusion_runs, in_time_step, leaf_blocks
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +82,17 @@ class GpuGemmTile:
         return dataclasses.asdict(self)
 
 
-def default_gpu_tile(m_extent, n_extent, k_extent) -> GpuGemmTile:
+def default_gpu_tile(m_extent, n_extent, k_extent, in_step: bool = False) -> GpuGemmTile:
     """The untuned tile of a GEMM with these extents (ints or symbolic): the largest preferred
     factors that provably divide them (``tm, tn <= 4``, ``ty <= 8``, ``tx <= 32``,
     ``bk <= 16``); shared-memory staging when the slab has at least :data:`MIN_STAGED_SLAB`
-    steps."""
-    tm = _first_divisor((4, 2, 1), m_extent)
+    steps. ``in_step`` (a GEMM inside a time step, whose rows are the batch): one output per
+    thread (``tm = tn = 1``) for the most blocks and warps, since at deployment batch sizes
+    a step's GEMM has few rows (docs/performance.md: on an H100 at T=100, I=H=256, B=1 the
+    forward took 0.89 ms with it, 1.79 ms with 4x4 outputs per thread)."""
+    tm = 1 if in_step else _first_divisor((4, 2, 1), m_extent)
     ty = _first_divisor((8, 4, 2, 1), m_extent, tm)
-    tn = _first_divisor((4, 2, 1), n_extent)
+    tn = 1 if in_step else _first_divisor((4, 2, 1), n_extent)
     tx = _first_divisor((32, 16, 8, 4, 2, 1), n_extent, tn)
     bk = _first_divisor((16, 8, 4, 2, 1), k_extent)
     return GpuGemmTile(ty=ty, tx=tx, tm=tm, tn=tn, bk=bk, stage=bk >= MIN_STAGED_SLAB)
@@ -112,16 +118,19 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
     appended to ``failures`` when given. A block nothing could bind is reported the same way
     (the CUDA build then fails on it).
     """
-    func = hoist_allocations(func)
+    func, followers = _merge_groups(hoist_allocations(func), op_name)
     views = declared_views(func)
     max_threads = _max_threads(target)
     sch = Schedule(func)
     blocks = [(sch.get(b).name_hint, _rule_for(sch, b)) for b in leaf_blocks(sch)]
     for name, rule in blocks:
+        if name in followers:  # bound with the first block of its fusion run
+            continue
         try:
             if rule is _schedule_gemm:
+                in_step = in_time_step(sch, sch.get_sblock(name))
                 func = restore_views(isolated(func, name, lambda s, b: _schedule_gemm(
-                    s, b, max_threads, views=views)), views)
+                    s, b, max_threads, views=views, in_step=in_step)), views)
             else:
                 trial = Schedule(func)
                 rule(trial, trial.get_sblock(name), max_threads)
@@ -144,6 +153,27 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
         if failures is not None and all(name != f[0] for f in failures):
             failures.append((name, RuntimeError(f"block {name} is not bound to GPU threads")))
     return func
+
+
+def _merge_groups(func, op_name: str):
+    """``func`` with the loop nests of each fusion run (two or more blocks) merged into one,
+    and the names of the blocks after the first of each merged run."""
+    sch = Schedule(func)
+    followers = set()
+    for names in fusion_runs(sch):
+        if len(names) < 2:
+            continue
+        trial = sch.copy()
+        try:
+            for depth in (-2, -1):  # rows, then the columns under the merged rows
+                trial.merge(*[trial.get_loops(trial.get_sblock(n))[depth] for n in names])
+        except Exception as err:  # noqa: BLE001 - the blocks then stay kernels of their own
+            log.warning("lstm_tvm: %s: merging the loops of %s failed: %s", op_name,
+                        ", ".join(names), str(err).splitlines()[-1][:200])
+            continue
+        sch = trial
+        followers.update(names[1:])
+    return sch.mod["main"], followers
 
 
 def _max_threads(target) -> int:
@@ -232,14 +262,16 @@ def _plain_operands(stmt) -> list[str]:
 
 
 def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | None = None,
-                   views=()) -> None:
+                   views=(), in_step: bool = False) -> None:
     """Register-tiled GEMM with shared-memory staging (see :class:`GpuGemmTile`). Needs the
     block's loop nest alone in its scope (:func:`lstm_tvm.schedule.gpu_ir.isolated`).
     ``views``: names of row views (:func:`~lstm_tvm.schedule.gpu_ir.declared_views`), read
-    in place: their clamped row indices leave no static region to stage."""
+    in place: their clamped row indices leave no static region to stage. ``in_step``: see
+    :func:`default_gpu_tile`."""
     (m, n), (k,) = _axes(sch, block)
     if tile is None:
-        tile = default_gpu_tile(sch.get(m).extent, sch.get(n).extent, sch.get(k).extent)
+        tile = default_gpu_tile(sch.get(m).extent, sch.get(n).extent, sch.get(k).extent,
+                                in_step)
     if tile.ty * tile.tx > max_threads:
         raise ValueError(f"tile {tile} needs more than {max_threads} threads")
     stmt = sch.get(block)

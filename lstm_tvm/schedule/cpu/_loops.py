@@ -7,8 +7,8 @@ import dataclasses
 
 from tvm.sym import Analyzer
 
-from ..._tvm import SBlock, Schedule, tirx
-from ...kernels._builder import FUSE_GROUP, LOOP_BODY
+from ..._tvm import Schedule, tirx
+from ...kernels._builder import FUSE_GROUP
 
 #: Inner (vectorised) column chunks tried, in elements, first that divides the extent wins.
 COLUMN_CHOICES = (32, 64, 16)
@@ -48,18 +48,6 @@ def divides(factor: int, extent) -> bool:
 def column_chunk(extent) -> int | None:
     """The first of :data:`COLUMN_CHOICES` dividing ``extent`` (None: none does)."""
     return next((c for c in COLUMN_CHOICES if divides(c, extent)), None)
-
-
-def in_loop_body(sch: Schedule, block) -> bool:
-    """Whether ``block`` lies inside a serial loop body marked ``LOOP_BODY`` (a time step,
-    a chunk of rows its GEMMs reduce over)."""
-    sref = sch.get_sref(block).parent
-    while sref is not None:
-        stmt = sref.stmt
-        if isinstance(stmt, SBlock) and LOOP_BODY in stmt.annotations:
-            return True
-        sref = sref.parent
-    return False
 
 
 def fusion_group(sch: Schedule, block):

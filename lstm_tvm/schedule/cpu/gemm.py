@@ -17,7 +17,8 @@ import dataclasses
 from ..._tvm import Schedule, tirx
 from ...kernels._builder import ROW_TILE, tensor_loads, uses_var
 from ..traits import CpuTraits
-from ._loops import COLUMN_CHOICES, block_loops, divides, in_loop_body
+from ..blocks import in_loop_body
+from ._loops import COLUMN_CHOICES, block_loops, divides
 
 #: Unroll factor of the reduction loop in GEMMs.
 K_UNROLL = 4
