@@ -141,3 +141,17 @@ def test_isa_avx2_builds_lstm_tvm_for_avx2_and_caps_pytorch(tmp_path):
     assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
     jobs, _ = bench_mod.plan({**_OPTS, "isa": "avx2"}, tmp_path)
     assert all(job["target"]["mcpu"] == "x86-64-v3" for job in jobs)
+
+
+def test_cuda_bench_runs_its_comparison_on_the_cpu():
+    """``python -m lstm_tvm.bench_cuda`` (lstm_tvm's CUDA build against cuDNN) on the CPU:
+    the same weights give PyTorch's ``h`` and ``x_grad`` (float32, values of order 1: a few
+    ulp apart after 3 steps)."""
+    pytest.importorskip("torch")
+    from lstm_tvm import bench_cuda
+
+    rows = bench_cuda.run([(3, 2, 8, 16)], ["float32"], warmup=0, repeat=2, target="llvm",
+                          log=lambda line: None)
+    assert [r["case"] for r in rows] == ["seq_fwd", "seq_bwd"]
+    assert rows[0]["h_max_diff"] < 1e-5 and rows[1]["x_grad_max_diff"] < 1e-5
+    assert all(r["lstm_tvm_ms"] > 0 and r["cudnn_ms"] > 0 for r in rows)

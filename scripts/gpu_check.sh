@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The GPU check in one command, on a CUDA machine with lstm_tvm importable, run from the
+# repository root: the `gpu` tests (every op and CellGradMatmul against the float64 reference
+# on the GPU), then the timing table against PyTorch's cuDNN LSTM (python -m lstm_tvm.bench_cuda).
+#   scripts/gpu_check.sh [OUT_DIR]      (default: gpu-check/; logs and bench.json go there)
+# GPU_CHECK_WORKERS: pytest-xdist workers (default 8); BENCH_ARGS: extra bench options;
+# TESTS_TIMEOUT, BENCH_TIMEOUT: seconds each stage may run (default 1800).
+set -uo pipefail
+out=${1:-gpu-check}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  command -v nvcc && nvcc --version | tail -1
+  "$python" -c "import tvm, lstm_tvm; d = tvm.cuda(0); print('tvm', tvm.__version__, 'cuda(0)', \
+d.exist, d.compute_version if d.exist else '-', 'lstm_tvm', lstm_tvm.__version__)"
+} 2>&1 | tee "$out/device.txt"
+"$python" -c "import tvm, sys; sys.exit(0 if tvm.cuda(0).exist else 'TVM sees no CUDA device')" || exit 2
+timeout "${TESTS_TIMEOUT:-1800}" "$python" -m pytest -m gpu -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-8}" --dist load -q \
+  -o addopts="-ra" tests/test_cuda.py 2>&1 | tee "$out/pytest.txt"
+tests=$?
+# shellcheck disable=SC2086
+timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench_cuda --json "$out/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
+bench=$?
+echo "gpu tests exit $tests, bench exit $bench"
+exit $(( tests || bench ))
