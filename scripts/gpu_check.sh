@@ -15,12 +15,15 @@ python=${PYTHON:-python3}
   "$python" -c "import tvm, lstm_tvm; d = tvm.cuda(0); print('tvm', tvm.__version__, 'cuda(0)', \
 d.exist, d.compute_version if d.exist else '-', 'lstm_tvm', lstm_tvm.__version__)"
 } 2>&1 | tee "$out/device.txt"
-"$python" -c "import tvm, sys; sys.exit(0 if tvm.cuda(0).exist else 'TVM sees no CUDA device')" || exit 2
-timeout "${TESTS_TIMEOUT:-1800}" "$python" -m pytest -m gpu -p no:cacheprovider -n "${GPU_CHECK_WORKERS:-8}" --dist load -q \
-  -o addopts="-ra" tests/test_cuda.py 2>&1 | tee "$out/pytest.txt"
+"$python" -c "import sys, tvm; sys.exit(0 if tvm.cuda(0).exist else 'TVM sees no CUDA device')" \
+  || exit 2
+timeout "${TESTS_TIMEOUT:-1800}" "$python" -m pytest -m gpu -p no:cacheprovider -q \
+  -n "${GPU_CHECK_WORKERS:-8}" --dist load -o addopts="-ra" tests/test_cuda.py 2>&1 \
+  | tee "$out/pytest.txt"
 tests=$?
 # shellcheck disable=SC2086
-timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench_cuda --json "$out/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
+timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench_cuda --json "$out/bench.json" \
+  ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
 bench=$?
 echo "gpu tests exit $tests, bench exit $bench"
 exit $(( tests || bench ))
