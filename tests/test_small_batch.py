@@ -52,3 +52,17 @@ def test_the_small_batch_blocks_are_scheduled(op_name, suffix):
     assert failures == []
     block = ("gates" if op.direction == "forward" else "dh") + suffix
     assert f'T.sblock("{block}_init")' in text and "T.parallel" in text  # decomposed: tiled
+
+
+@pytest.mark.parametrize("mcpu, panels_per_tile", [("skylake-avx512", 2), ("haswell", 1)])
+def test_one_row_tiles_hold_four_vectors_each_vector_loop_in_one_panel(mcpu, panels_per_tile):
+    """A one-row tile is four vectors wide (AVX-512: 64 columns, two column panels; AVX2: 32)
+    and each vector loop stays inside one panel (a loop across two is a gather); checked on
+    the scheduled TIR, so without the instruction set."""
+    op = registry.get_op("BlockLSTMV2")
+    spec = build.make_spec("BlockLSTMV2", "float32", 8, 64, validate_attrs(op, {}),
+                           {"kind": "llvm", "mcpu": mcpu})
+    text = build.primfunc(spec).script()
+    loops = text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
+    assert "T.vectorized(32)" in loops[-1], loops
+    assert ("T.unroll(2)" in loops[-2]) == (panels_per_tile == 2), loops
