@@ -7,7 +7,7 @@ the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (bl
 as column panels, see :func:`panels`), so both products with it stream contiguous memory.
 After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
 ``x_grad_tail`` for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk
-for float16; ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad``
+for float16, the rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs; ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad``
 and the peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB``
 rows past the last one, so chunks of rows read it with no bounds checks. Everything
 accumulates in float32 (in the outputs of a float32 op). Beyond ``dicfo``, no scratch grows
@@ -210,16 +210,30 @@ def _x_grad_in_place(buf, sizes, dicfo, w_tx):
 def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
     """``x_grad = dicfo @ w[:I]^T`` of a float16 op: accumulated in float32 one chunk of
     ``X_GRAD_CHUNK`` rows at a time (block ``x_grad_chunk``), then rounded into the output,
-    so the float32 scratch does not grow with the sequence. The last chunk reads the rows
-    past ``M`` that ``dicfo`` has (zeros) and drops their results."""
+    so the float32 scratch does not grow with the sequence. CPU builds compute the rows left
+    after the whole chunks as one more chunk of that many rows rounded up to ``ROW_TILE``
+    (block ``x_grad_tail_chunk``; 100 rows computed 256 before); GPU builds, whose tiles need
+    a constant row count, run whole chunks. A chunk reads the rows past ``M`` that ``dicfo``
+    has (zeros) and drops their results."""
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
     x_grad = flat(buf["x_grad"], Tn * B)
     xg = temp("xg", (X_GRAD_CHUNK, I))
-    with row_chunks("x_grad_chunk", M, X_GRAD_CHUNK) as (first, count):
+
+    def out(prefix, first, count):
+        spatial(prefix, (count, I), lambda r, k:
+                T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
+
+    tail = cpu_variants()
+    whole = M // X_GRAD_CHUNK * X_GRAD_CHUNK if tail else M
+    with row_chunks("x_grad_chunk", whole, X_GRAD_CHUNK) as (first, count):
         gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
              lambda r, j: dicfo[first + r, j], w_tx, pad=False)
-        spatial("x_grad_out", (count, I), lambda r, k:
-                T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
+        out("x_grad_out", first, count)
+    if tail:
+        with row_chunks("x_grad_tail_chunk", M - whole, X_GRAD_CHUNK):
+            gemm("x_grad_tail_gemm", xg, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
+                 w_tx)
+            out("x_grad_tail_out", whole, M - whole)
     spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(
         x_grad, zero(dtype), [M + r, k]))
