@@ -126,7 +126,8 @@ def _register_tile(m_extent, n_extent, accumulators: int,
     and fits (AVX-512: 8x32; AVX2 and NEON: 4x16 rather than 2x32, docs/performance.md);
     with no such rows, one row of the first dividing columns that leave room for two, widened
     to four vectors where they divide (AVX-512: 1x64; two vectors of accumulators leave the
-    FMA latency exposed: at T=100, I=H=256 B=1 the forward ran 7%, B=2 25% faster)."""
+    FMA latency exposed: at T=100, I=H=256 the forward ran 3% faster at B=1, 25% at B=2, the
+    backward 16-19%; docs/performance.md)."""
     dividing = [c for c in COLUMN_CHOICES if divides(c, n_extent)]
     if not dividing:
         return 1, None
