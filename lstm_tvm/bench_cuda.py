@@ -70,7 +70,8 @@ def _timed(call, prepare, sync, warmup: int, repeat: int, cuda: bool) -> tuple[f
 
 
 def _lstm_tvm(op_name: str, inputs: dict, dtype: str, target, ctx: dict):
-    """(call, outputs, compile seconds) of a CompiledOp on GPU copies of ``inputs``."""
+    """(call, outputs, compile seconds, device sync) of a CompiledOp on copies of ``inputs``
+    on ``target``'s device."""
     import tvm
 
     from .api import compile as compile_op
@@ -168,8 +169,8 @@ def run(shapes, dtypes, warmup: int, repeat: int, target="cuda", log=print,
                     row["kernels"] = kernel_times(call)
                 rows.append(row)
                 log(_line(row))
-                for name, count, us in row.get("kernels", [])[:8]:
-                    log(f"{'':>18}{us:10.1f} us {count:5d}x  {name}")
+                for kernel, count, us in row.get("kernels", [])[:8]:
+                    log(f"{'':>18}{us:10.1f} us {count:5d}x  {kernel}")
     return rows
 
 

@@ -23,7 +23,7 @@ from lstm_tvm import build, reference, registry, testing, validation
 from lstm_tvm._tvm import (DEFAULT_CUDA_ARCH, SBlock, cuda_arch, nvcc_compile, resolve_target,
                            target_name)
 from lstm_tvm.kernels import BUILDERS
-from lstm_tvm.kernels._builder import cpu_kernels
+from lstm_tvm.kernels._builder import STEP_BLOCK, cpu_kernels
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
 
@@ -119,7 +119,7 @@ def test_a_step_launches_its_gemm_and_one_gate_math_kernel(op_name):
                         resolve_target({"kind": "cuda", "arch": "sm_90"}), [])
     steps = []
     tvm_ffi.structural_walk(func.body, [(SBlock, lambda node: steps.append(node)
-                                         if node.name_hint == "step" else None)])
+                                         if node.name_hint == STEP_BLOCK else None)])
     assert len(steps) == 1 and _launches(func, steps[0].body) == 2
 
 

@@ -7,8 +7,9 @@ the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (bl
 as column panels, see :func:`panels`), so both products with it stream contiguous memory.
 After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
 ``x_grad_tail`` for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk
-for float16, the rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs; ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad``
-and the peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB``
+for float16, the rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs;
+``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad`` and the
+peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB``
 rows past the last one, so chunks of rows read it with no bounds checks. Everything
 accumulates in float32 (in the outputs of a float32 op). Beyond ``dicfo``, no scratch grows
 with ``T``: the rest has the size of the state, of ``w`` or of a chunk of rows.

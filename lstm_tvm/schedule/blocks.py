@@ -43,6 +43,11 @@ def in_time_step(sch: Schedule, block) -> bool:
     return any(b.name_hint == STEP_BLOCK for b in _ancestors(sch, block))
 
 
+def fusion_group(sch: Schedule, block):
+    """The fusion group of ``block`` (``spatial(..., group=)`` in the kernels), or None."""
+    return sch.get(block).annotations.get(FUSE_GROUP)
+
+
 def fusion_runs(sch: Schedule, eligible=lambda sch, loops: True) -> list[list[str]]:
     """Names of the blocks that may share one loop nest, run by run: consecutive 2-D blocks
     of one fusion group (``spatial(..., group=)`` in the kernels) whose two loops have equal
@@ -51,7 +56,7 @@ def fusion_runs(sch: Schedule, eligible=lambda sch, loops: True) -> list[list[st
     runs: list[list] = []  # [(block name, outer loop, inner loop, group)]
     same = Analyzer().can_prove_equal
     for block in leaf_blocks(sch):
-        group = sch.get(block).annotations.get(FUSE_GROUP)
+        group = fusion_group(sch, block)
         loops = sch.get_loops(block)
         if (group is None or len(sch.get(block).iter_vars) != 2 or len(loops) < 2
                 or not eligible(sch, loops)):

@@ -1,5 +1,5 @@
-"""Loop facts the CPU rules share: which loops a block has, what divides an extent, whether a
-block runs inside a serial loop body, its fusion group."""
+"""Loop facts the CPU rules share: which loops a block has, what divides an extent (whether a
+block runs inside a serial loop body and its fusion group: :mod:`lstm_tvm.schedule.blocks`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 from tvm.sym import Analyzer
 
 from ..._tvm import Schedule, tirx
-from ...kernels._builder import FUSE_GROUP
 
 #: Inner (vectorised) column chunks tried, in elements, first that divides the extent wins.
 COLUMN_CHOICES = (32, 64, 16)
@@ -48,8 +47,3 @@ def divides(factor: int, extent) -> bool:
 def column_chunk(extent) -> int | None:
     """The first of :data:`COLUMN_CHOICES` dividing ``extent`` (None: none does)."""
     return next((c for c in COLUMN_CHOICES if divides(c, extent)), None)
-
-
-def fusion_group(sch: Schedule, block):
-    """The fusion group of ``block`` (``spatial(..., group=)`` in the kernels), or None."""
-    return sch.get(block).annotations.get(FUSE_GROUP)

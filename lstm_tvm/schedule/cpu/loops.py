@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ..._tvm import Schedule
 from ..traits import CpuTraits
-from ._loops import block_loops, column_chunk, fusion_group
+from ..blocks import fusion_group
+from ._loops import block_loops, column_chunk
 
 
 def rule(sch: Schedule, block, traits: CpuTraits) -> bool | None:
