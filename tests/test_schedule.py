@@ -8,10 +8,11 @@ import pytest
 import tvm_ffi
 
 from lstm_tvm import build, registry, testing, validation
-from lstm_tvm._tvm import SBlock, resolve_target, tirx
+from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels._builder import STEP_BLOCK
 from lstm_tvm.schedule import schedule_for
+from lstm_tvm.schedule.cpu import team
 
 
 @pytest.mark.parametrize("sizes", [(256, 256), (7, 9), (32, 48)], ids=str)
@@ -55,37 +56,66 @@ def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
         assert all(isinstance(d, (int, tirx.IntImm)) for d in strides), (name, buffer.shape)
 
 
+def _step_block(func):
+    steps = []
+    tvm_ffi.structural_walk(func.body, [(SBlock, lambda node: steps.append(node)
+                                         if node.name_hint == STEP_BLOCK else None)])
+    assert len(steps) == 1
+    return steps[0]
+
+
+def _parallel_loops(stmt) -> list:
+    found = []
+    tvm_ffi.structural_walk(stmt, [(tirx.For, lambda node: found.append(node)
+                                    if node.kind == tirx.ForKind.PARALLEL else None)])
+    return found
+
+
 @pytest.mark.parametrize("op_name,sizes", [("BlockLSTM", (64, 512)), ("BlockLSTMGrad", (64, 128))])
-def test_each_step_launches_two_parallel_regions(op_name, sizes):
+def test_each_step_runs_two_parallel_loops_in_one_launch_per_sequence(op_name, sizes):
     """The recurrent GEMM (whose reduction, of 512 here, a GEMM outside the time loop would cut
     into slabs, each a parallel loop) and the gate math: one parallel loop each per step. The
     GEMM has three versions, one row per tile for a batch of 1 or 2, 4-row tiles for 3 or 4,
-    8-row tiles from 5 on (the branches of an ``if`` chain on ``B``): a step runs one of them."""
+    8-row tiles from 5 on (the branches of an ``if`` chain on ``B``): a step runs one of them.
+    The time loop is one launch of the thread pool and each parallel loop ends in a barrier
+    (:mod:`lstm_tvm.schedule.cpu.team`), not a launch each."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})
     func = BUILDERS[op_name](op, "float32", *sizes, attrs)
     scheduled = schedule_for(op_name, func, resolve_target())
-    steps = []
-    tvm_ffi.structural_walk(scheduled.body, [(SBlock, lambda node: steps.append(node)
-                                              if node.name_hint == STEP_BLOCK else None)])
-    assert len(steps) == 1
-    def parallel_loops(stmt) -> int:
-        found = []
-        tvm_ffi.structural_walk(stmt, [(tirx.For, lambda node: found.append(node)
-                                        if node.kind == tirx.ForKind.PARALLEL else None)])
-        return len(found)
+    step = _step_block(scheduled)
 
     def branches(stmt) -> list:
         found = []
         tvm_ffi.structural_walk(stmt, [(tirx.IfThenElse, found.append)])
         return found
 
-    chain = branches(steps[0].body)
+    chain = branches(step.body)
     assert len(chain) == 2 and all(b.else_case is not None for b in chain)
     (last,) = [b for b in chain if not branches(b.else_case)]
     versions = [b.then_case for b in chain] + [last.else_case]
-    assert [parallel_loops(v) for v in versions] == [1, 1, 1]
-    assert parallel_loops(steps[0].body) == len(versions) + 1  # the versions and the gate math
+    assert [len(_parallel_loops(v)) for v in versions] == [1, 1, 1]
+    loops = _parallel_loops(step.body)
+    assert len(loops) == len(versions) + 1  # the versions and the gate math
+    assert all(team.BARRIER in loop.annotations for loop in loops)
+    launches = []
+    tvm_ffi.structural_walk(scheduled.body, [(tirx.For, lambda node: launches.append(node)
+                                              if team.LAUNCH_POINT in node.annotations
+                                              else None)])
+    assert len(launches) == 1 and launches[0].kind == tirx.ForKind.SERIAL
+    assert launches[0].body.block.same_as(step)  # the time loop
+
+
+def test_a_step_with_a_serial_block_keeps_a_launch_per_loop():
+    """Every thread of a launch runs what lies outside its parallel loops: a step whose block
+    is not inside one (here: the unscheduled kernel, all loops serial) is not made a launch."""
+    op = registry.get_op("BlockLSTMV2")
+    func = BUILDERS["BlockLSTMV2"](op, "float32", 8, 16, validation.validate_attrs(op, {}))
+    sch = team.launch_per_sequence(Schedule(func))
+    found = []
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(tirx.For, lambda node: found.append(node)
+                                                    if node.annotations else None)])
+    assert found == []
 
 
 def test_cpu_thread_pool_uses_every_core():

@@ -23,6 +23,7 @@ from ..blocks import leaf_blocks
 from ..traits import cpu_traits
 from . import gemm, loops
 from .fusion import merge_groups
+from .team import launch_per_sequence
 from .gemm import AVX512, K_UNROLL, GemmTile, apply_gemm, default_tile
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ def schedule_cpu(op_name: str, func, target, failures: list | None = None,
             else:
                 sch = trial
                 break
-    return merge_groups(sch, op_name).mod["main"]
+    return launch_per_sequence(merge_groups(sch, op_name)).mod["main"]
 
 
 def _apply_rules(sch: Schedule, block, traits) -> None:
