@@ -13,7 +13,7 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import reference, registry, testing
-from lstm_tvm.kernels.block_lstm_grad import w_grad_chunk
+from lstm_tvm.kernels.block_lstm_grad import W_GRAD_TRANSPOSED_FROM, w_grad_chunk
 
 # (B, I, H, T): B = 1, odd sizes, T = 1, and one shape wide enough for the vectorised paths.
 SHAPES = [(1, 3, 5, 1), (4, 7, 9, 5), (3, 16, 16, 4)]
@@ -66,15 +66,18 @@ def test_sequence_ops(tf, op_name, shape, dtype, use_peephole):
         _assert_padding_zero(op_name, got, seq_len_max)
 
 
+@pytest.mark.parametrize("I, H", [(16, 8), (264, 248)], ids=["rows", "transposed"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op_name", [n for n, op in registry.OPS.items()
                                      if op.kind == "sequence" and op.direction == "backward"])
-def test_weight_gradient_over_several_chunks_of_rows(tf, op_name, dtype):
+def test_weight_gradient_over_several_chunks_of_rows(tf, op_name, dtype, I, H):
     """The sequence backward's w_grad reduces a chunk of rows of the sequence (t*B + n) at a
     time: seq_len_max = T makes two whole chunks and a partial one, 11 one whole and a partial
     one, 10 a single partial chunk; with B = 24 the rows of the initial state (h_prev for
-    t = 0) lie in the first chunk only."""
-    B, I, H, T = 24, 16, 8, 24
+    t = 0) lie in the first chunk only. From ``I+H = W_GRAD_TRANSPOSED_FROM`` on, CPU builds
+    pack the chunk's rows transposed."""
+    B, T = 24, 24
+    assert (I + H >= W_GRAD_TRANSPOSED_FROM) == (I > 16)
     chunk = w_grad_chunk(I, H)
     assert [divmod(n * B, chunk) for n in (T, 11, 10)] == [(2, 64), (1, 8), (0, 240)]
     attrs = {"use_peephole": True}

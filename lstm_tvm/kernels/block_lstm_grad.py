@@ -31,6 +31,13 @@ X_GRAD_CHUNK = K_SLAB
 #: Bytes of the weight gradient's packed operands per chunk of rows (see :func:`w_grad_chunk`):
 #: they should stay in the L2 cache (2 MiB per core on the machine measured, 1 MiB on others).
 W_GRAD_PACKED_BYTES = 3 * 2**20 // 2
+#: From this many columns ``I+H`` CPU builds pack the weight gradient's rows transposed (a
+#: column per row of the sequence): packed a row per row of the sequence, consecutive steps of
+#: the GEMM's reduction read its left operand ``4*(I+H)`` bytes apart, a page or more every few
+#: steps (1024x2048x128: 92 GFLOP/s against 208 transposed with AVX2, 356 against 443 with
+#: AVX-512); narrower, the transposing pack costs more than the GEMM gains
+#: (docs/performance.md). GPU builds keep a row per row of the sequence.
+W_GRAD_TRANSPOSED_FROM = 512
 
 
 def w_grad_chunk(input_size: int, cell_size: int) -> int:
@@ -163,8 +170,19 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     x, h = (flat(buf[n], Tn * B) for n in ("x", "h"))
     acc = flat(buf["w_grad"], I + H, name="w_grad_rows") if in_place else temp("wg", (I + H, G))
     chunk = w_grad_chunk(I, H)
-    a = temp("w_grad_a", (chunk, I + H))
+    transposed = cpu_variants() and I + H >= W_GRAD_TRANSPOSED_FROM
+    a = temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
     d_scratch = panel_scratch("w_grad_d", chunk, G)
+
+    def pack(name, rows, cols, first_col, value):
+        """``a`` at the chunk's rows ``< rows``, columns ``first_col + k``: ``value(r, k)``
+        (walked along the rows when transposed: contiguous stores)."""
+        if transposed:
+            spatial(name, (cols, rows), lambda k, r: T.buffer_store(
+                a, value(r, k), [first_col + k, r]))
+        else:
+            spatial(name, (rows, cols), lambda r, k: T.buffer_store(
+                a, value(r, k), [r, first_col + k]))
 
     def chunk_gemm(prefix: str, first, rows):
         def masked(value):
@@ -173,13 +191,11 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         x_rows = masked(lambda r, k: f32(x[r, k]))
         h_before = masked(lambda r, k: tirx.if_then_else(
             r < B, f32(buf["h_prev"][r, k]), f32(h[r - B, k])))
-        spatial(f"{prefix}_pack_x", (rows, I), lambda r, k: T.buffer_store(
-            a, x_rows(r, k), [r, k]))
-        spatial(f"{prefix}_pack_h", (rows, H), lambda r, k: T.buffer_store(
-            a, h_before(r, k), [r, I + k]))
+        pack(f"{prefix}_pack_x", rows, I, 0, x_rows)
+        pack(f"{prefix}_pack_h", rows, H, I, h_before)
         d = panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
-        gemm(prefix, acc, I + H, G, rows, lambda k, r: a[r, k], d, pad=False,
-             init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()))
+        gemm(prefix, acc, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
+             pad=False, init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()))
 
     tail = cpu_variants()  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
