@@ -29,6 +29,8 @@ ACC = "float32"
 
 _EXP_HI = 88.3762626647949
 _LOG2E = 1.44269504088896341
+#: Beyond the exponents ``exp`` meets (|n| <= 128 after the clamp to ``_EXP_HI``).
+_N_BOUND = 200.0
 # ln 2 in two parts: n * _LN2_HI is exact for the n that occur.
 _LN2_HI = 0.693359375
 _LN2_LO = -2.12194440e-4
@@ -72,8 +74,12 @@ def exp(x):
     n = tirx.floor(x * const(_LOG2E) + const(0.5))
     r = x - n * const(_LN2_HI) - n * const(_LN2_LO)
     y = _horner(r, _EXP_POLY) * (r * r) + r + const(1.0)
-    # n is NaN only for a NaN x (then y is NaN too): keep the int conversion defined.
-    k = tirx.Cast("int32", tirx.Select(tirx.isnan(n), const(0.0), n))
+    # n is NaN only for a NaN x (then y is NaN too): keep the int conversion defined. Both
+    # comparisons are false for NaN (-> 0); ``isnan`` itself makes TVM's vectoriser run the
+    # lanes one by one.
+    k = tirx.Cast("int32", tirx.Select(n > const(-_N_BOUND),
+                                       tirx.Select(n < const(_N_BOUND), n, const(0.0)),
+                                       const(0.0)))
     two_n = tirx.reinterpret(ACC, (k + tirx.const(127, "int32")) << tirx.const(23, "int32"))
     return tirx.Select(big, const(math.inf), y * two_n)
 
