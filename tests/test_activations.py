@@ -10,14 +10,16 @@ import numpy as np
 import pytest
 
 from lstm_tvm._tvm import TB as T
-from lstm_tvm._tvm import IRBuilder, Schedule, tvm
+import tvm_ffi
+
+from lstm_tvm._tvm import IRBuilder, Schedule, tirx, tvm
 from lstm_tvm.kernels import _activations
 
 N = 1 << 16
 LANES = 16
 
 
-def _compile(fn):
+def _scheduled(fn):
     with IRBuilder() as ib, T.prim_func(s_tir=True):
         T.func_name("f")
         a = T.arg("a", T.Buffer((N,), "float32"))
@@ -28,7 +30,25 @@ def _compile(fn):
     sch = Schedule(ib.get())
     (loop,) = sch.get_loops(sch.get_sblock("act"))
     sch.vectorize(sch.split(loop, [None, LANES])[1])
-    return tvm.compile(sch.mod, target={"kind": "llvm"})["f"]
+    return sch.mod
+
+
+def _compile(fn):
+    return tvm.compile(_scheduled(fn), target={"kind": "llvm"})["f"]
+
+
+@pytest.mark.parametrize("name", ["exp", "sigmoid", "tanh"])
+def test_a_vectorised_loop_stays_vector_arithmetic(name):
+    """TVM's vectoriser runs a loop's lanes one by one where it meets an expression it cannot
+    widen (``isnan`` was one: the gate math then relied on LLVM to vectorise it again)."""
+    target = tvm.target.Target({"kind": "llvm"})
+    mod = tirx.transform.BindTarget(target.with_host(target))(
+        _scheduled(getattr(_activations, name)))
+    lowered = tirx.get_default_tir_pipeline(target)[0](mod)
+    stored = []
+    tvm_ffi.structural_walk(lowered, [(tirx.BufferStore,
+                                       lambda node: stored.append(str(node.value.ty)))])
+    assert stored and set(stored) == {f"float32x{LANES}"}
 
 
 def _run(fn, x: np.ndarray) -> np.ndarray:
