@@ -150,7 +150,8 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     time (block ``w_grad_chunk``), then the rows left (block ``w_grad_tail_chunk``, when the
     chunk does not divide ``M``). Each chunk packs its rows of ``x`` and ``h_{t-1}`` side by
     side into ``w_grad_a`` (blocks ``w_grad_pack_x``, ``w_grad_pack_h``; float32, zero past
-    the last row) and its rows of ``dicfo`` into column panels (``w_grad_d``), then one GEMM
+    the last row; transposed from ``I+H`` = :data:`W_GRAD_TRANSPOSED_FROM` on CPUs) and its
+    rows of ``dicfo`` into column panels (``w_grad_d``), then one GEMM
     ``w_grad`` adds their product to the accumulator: the float32 output (``in_place``), or a
     float32 scratch of the size of ``w``. Returns the accumulator. The tail's GEMM
     (``w_grad_tail``; CPU builds, see :func:`cpu_variants`) reduces over the rows left rounded

@@ -7,7 +7,8 @@ does not apply; the first that applies wins (as TVM's ``s_tir.dlight`` rules do)
 - :mod:`.gemm`: GEMM blocks, register-tiled to the target's vector registers;
 - :mod:`.loops`: sums and elementwise blocks, parallel outside and vectorised inside.
 
-Then :mod:`.fusion` runs each fusion group's blocks in one parallel loop. A tuning record of a
+Then :mod:`.fusion` runs each fusion group's blocks in one parallel loop, and :mod:`.team`
+makes a sequence kernel's time loop one launch of the thread pool. A tuning record of a
 block (its trace) is tried before the rules. A block nothing applies to keeps its plain loops:
 still correct, only slower.
 """
@@ -23,8 +24,8 @@ from ..blocks import leaf_blocks
 from ..traits import cpu_traits
 from . import gemm, loops
 from .fusion import merge_groups
-from .team import launch_per_sequence
 from .gemm import AVX512, K_UNROLL, GemmTile, apply_gemm, default_tile
+from .team import launch_per_sequence
 
 log = logging.getLogger(__name__)
 

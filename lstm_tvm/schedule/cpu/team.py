@@ -28,8 +28,8 @@ BARRIER = "pragma_parallel_barrier_when_finish"
 
 
 def launch_per_sequence(sch: Schedule) -> Schedule:
-    """``sch`` with each time loop made one launch of the thread pool where that is safe (see
-    the module doc); the schedule is returned unchanged otherwise."""
+    """``sch`` with its time loop (block ``STEP_BLOCK``'s) made one launch of the thread pool
+    where that is safe (see the module doc); the schedule is returned unchanged otherwise."""
     try:
         step = sch.get_sblock(STEP_BLOCK)
     except ScheduleError:  # no time loop: the cell ops
