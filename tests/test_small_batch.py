@@ -66,3 +66,18 @@ def test_one_row_tiles_hold_four_vectors_each_vector_loop_in_one_panel(mcpu, pan
     loops = text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
     assert "T.vectorized(32)" in loops[-1], loops
     assert ("T.unroll(2)" in loops[-2]) == (panels_per_tile == 2), loops
+
+
+@pytest.mark.parametrize("mcpu, vector_loops", [("skylake-avx512", 8), ("haswell", 2)])
+def test_one_row_tiles_over_a_row_major_weight_fill_the_accumulators(mcpu, vector_loops):
+    """``LSTMBlockCell`` reads ``w`` in place, row-major: its one-row tile is as wide as the
+    accumulators allow (AVX-512: 256 columns, eight 32-wide vector loops; AVX2: 64, two), so
+    each reduction step reads a long run of a row of ``w``; the sequence kernels, whose
+    weights are panels, keep four vectors (the test above)."""
+    op = registry.get_op("LSTMBlockCell")
+    spec = build.make_spec("LSTMBlockCell", "float32", 8, 64, validate_attrs(op, {}),
+                           {"kind": "llvm", "mcpu": mcpu})
+    text = build.primfunc(spec).script()
+    loops = text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
+    assert "T.vectorized(32)" in loops[-1], loops
+    assert f"T.unroll({vector_loops})" in loops[-2], loops

@@ -50,7 +50,8 @@ class GemmTile:
 
 
 def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
-                 per_step: bool = False, traits: CpuTraits = AVX512) -> GemmTile | None:
+                 per_step: bool = False, traits: CpuTraits = AVX512,
+                 b_rows: bool = False) -> GemmTile | None:
     """The untuned tile of a GEMM block with these extents (None: no tiling applies).
 
     ``a_rows_contiguous``: the left operand is stored ``(M, K)`` (else ``(K, M)``, as in the
@@ -62,10 +63,18 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     a thread-pool launch per iteration (see docs/performance.md). The tile holds at most the
     target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 4x16
     with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step.
+
+    ``b_rows``: the right operand is a row-major ``(K, N)`` matrix, not column panels. A tile
+    of few rows then widens to fill the accumulators (AVX-512: 1x256, 4x64): each reduction
+    step reads a longer run of a row, where a narrow tile walks the matrix a few cache lines
+    per row, a page apart (``LSTMBlockCell``'s product at B=1, 1x1024x512 on a Zen 5: 41.7 us
+    at 1x64, 13.7 at 1x256; 4 rows: 33.5 at 4x32, 19.3 at 4x64; docs/performance.md).
     """
     rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes())
     if cols is None:
         return None
+    while b_rows and 2 * rows * cols <= traits.accumulators and divides(2 * cols, n_extent):
+        cols *= 2
     slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
                                     if divides(b, k_extent) and not divides(k_extent, b)), 0)
     # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
@@ -81,9 +90,10 @@ def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
     if loops is None:
         return None
     stmt = sch.get(block)
+    m, n, k = (iv.var for iv in stmt.iter_vars)
     tile = default_tile(*loops.extents, sch.get(loops.reduce[0]).extent,
-                        _rows_contiguous(stmt, *(iv.var for iv in stmt.iter_vars)),
-                        in_loop_body(sch, block), traits)
+                        _rows_contiguous(stmt, m, n, k), in_loop_body(sch, block), traits,
+                        _right_rows(stmt, m, n, k))
     if tile is not None:
         _gemm(sch, block, loops.spatial, loops.reduce[0], tile)
     return tile
@@ -116,6 +126,16 @@ def _rows_contiguous(stmt, m, n, k) -> bool:
                 and any(uses_var(i, k) for i in load.indices)):
             return not uses_var(load.indices[-1], m)
     return True
+
+
+def _right_rows(stmt, m, n, k) -> bool:
+    """Whether the GEMM block's right operand (the load indexed by ``n`` and ``k``, not ``m``)
+    is a row-major ``(K, N)`` matrix: two indices, contiguous along ``n`` (not panels)."""
+    for load in tensor_loads(getattr(stmt.body, "value", stmt.body)):
+        uses = [any(uses_var(i, v) for i in load.indices) for v in (m, n, k)]
+        if uses == [False, True, True]:
+            return len(load.indices) == 2 and uses_var(load.indices[-1], n)
+    return False
 
 
 def _register_tile(m_extent, n_extent, accumulators: int,
