@@ -56,18 +56,19 @@ def kernel_args(arrays, slot) -> list:
         staged = pool[slot] = [None] * len(arrays)
     out = []
     for i, array in enumerate(arrays):
-        flags = array.flags
-        if (array.nbytes >= _COPY_BELOW and flags.c_contiguous and flags.writeable
-                and flags.aligned and array.dtype.isnative):
-            out.append(tvm_ffi.from_dlpack(array, require_alignment=array.dtype.alignment,
-                                           require_contiguous=True))
-            continue
+        if array.nbytes >= _COPY_BELOW:  # the size first: reading the flags costs a copy's time
+            flags = array.flags
+            if (flags.c_contiguous and flags.writeable and flags.aligned
+                    and array.dtype.isnative):
+                out.append(tvm_ffi.from_dlpack(array, require_alignment=array.dtype.alignment,
+                                               require_contiguous=True))
+                continue
         entry = staged[i]
-        if entry is None or entry[0].shape != array.shape or entry[0].dtype != array.dtype:
+        if entry is None or entry[2] != array.shape or entry[3] != array.dtype:
             view = aligned_empty(array.nbytes).view(array.dtype.newbyteorder("=")).reshape(
                 array.shape)
-            entry = staged[i] = (view, tvm_ffi.from_dlpack(view))
-        np.copyto(entry[0], array, casting="equiv")
+            entry = staged[i] = (view, tvm_ffi.from_dlpack(view), array.shape, array.dtype)
+        entry[0][...] = array  # same shape; the dtype differs at most in byte order
         out.append(entry[1])
     return out
 
