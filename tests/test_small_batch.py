@@ -59,11 +59,7 @@ def test_one_row_tiles_hold_four_vectors_each_vector_loop_in_one_panel(mcpu, pan
     """A one-row tile is four vectors wide (AVX-512: 64 columns, two column panels; AVX2: 32)
     and each vector loop stays inside one panel (a loop across two is a gather); checked on
     the scheduled TIR, so without the instruction set."""
-    op = registry.get_op("BlockLSTMV2")
-    spec = build.make_spec("BlockLSTMV2", "float32", 8, 64, validate_attrs(op, {}),
-                           {"kind": "llvm", "mcpu": mcpu})
-    text = build.primfunc(spec).script()
-    loops = text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
+    loops = _one_row_tile_loops("BlockLSTMV2", mcpu)
     assert "T.vectorized(32)" in loops[-1], loops
     assert ("T.unroll(2)" in loops[-2]) == (panels_per_tile == 2), loops
 
@@ -74,10 +70,17 @@ def test_one_row_tiles_over_a_row_major_weight_fill_the_accumulators(mcpu, vecto
     accumulators allow (AVX-512: 256 columns, eight 32-wide vector loops; AVX2: 64, two), so
     each reduction step reads a long run of a row of ``w``; the sequence kernels, whose
     weights are panels, keep four vectors (the test above)."""
-    op = registry.get_op("LSTMBlockCell")
-    spec = build.make_spec("LSTMBlockCell", "float32", 8, 64, validate_attrs(op, {}),
-                           {"kind": "llvm", "mcpu": mcpu})
-    text = build.primfunc(spec).script()
-    loops = text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
+    loops = _one_row_tile_loops("LSTMBlockCell", mcpu)
     assert "T.vectorized(32)" in loops[-1], loops
     assert f"T.unroll({vector_loops})" in loops[-2], loops
+
+
+def _one_row_tile_loops(op_name: str, mcpu: str) -> list[str]:
+    """The two innermost loops around the one-row step GEMM's update in ``op_name``'s scheduled
+    TIR (I=8, H=64) for an x86 ``mcpu``: the panel (or unrolled chunk) loop, then the vector
+    loop."""
+    op = registry.get_op(op_name)
+    spec = build.make_spec(op_name, "float32", 8, 64, validate_attrs(op, {}),
+                           {"kind": "llvm", "mcpu": mcpu})
+    text = build.primfunc(spec).script()
+    return text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
