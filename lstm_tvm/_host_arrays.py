@@ -47,30 +47,40 @@ _COPY_BELOW = 16384
 def kernel_args(arrays, slot) -> list:
     """TVM tensors reading ``arrays``: their own memory when the kernels can read it in place,
     else copies in the calling thread's staging buffers for ``slot`` (a hashable naming the
-    call's configuration; its buffers are reused by its next call in the thread)."""
+    call's configuration: every call with one ``slot`` passes arrays of the same shapes and
+    dtypes, in the same order; its buffers are reused by its next call in the thread)."""
     pool = _pool("inputs")
     staged = pool.get(slot)
-    if staged is None or len(staged) != len(arrays):
+    if staged is None:
         if len(pool) > _POOL_SIZE:
             pool.clear()
-        staged = pool[slot] = [None] * len(arrays)
+        # a small array is always copied (reading its flags costs a copy's time); a large one
+        # gets a staging buffer only once it cannot be read in place
+        staged = pool[slot] = [_staging(a) if a.nbytes < _COPY_BELOW else [None]
+                               for a in arrays]
     out = []
     for i, array in enumerate(arrays):
-        if array.nbytes >= _COPY_BELOW:  # the size first: reading the flags costs a copy's time
+        entry = staged[i]
+        if type(entry) is list:
             flags = array.flags
             if (flags.c_contiguous and flags.writeable and flags.aligned
                     and array.dtype.isnative):
                 out.append(tvm_ffi.from_dlpack(array, require_alignment=array.dtype.alignment,
                                                require_contiguous=True))
                 continue
-        entry = staged[i]
-        if entry is None or entry[2] != array.shape or entry[3] != array.dtype:
-            view = aligned_empty(array.nbytes).view(array.dtype.newbyteorder("=")).reshape(
-                array.shape)
-            entry = staged[i] = (view, tvm_ffi.from_dlpack(view), array.shape, array.dtype)
+            if entry[0] is None:
+                entry[0] = _staging(array)
+            entry = entry[0]
         entry[0][...] = array  # same shape; the dtype differs at most in byte order
         out.append(entry[1])
     return out
+
+
+def _staging(array: np.ndarray) -> tuple:
+    """An aligned, C-contiguous, native-order buffer of ``array``'s shape and dtype, as an
+    array and as a TVM tensor."""
+    view = aligned_empty(array.nbytes).view(array.dtype.newbyteorder("=")).reshape(array.shape)
+    return view, tvm_ffi.from_dlpack(view)
 
 
 def _pool(name: str) -> dict:

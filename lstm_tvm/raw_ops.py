@@ -10,9 +10,12 @@ device (from NumPy, or through DLPack from any device) and outputs back to NumPy
 
 On the CPU a call costs little more than the kernel: the op compiled for a configuration (op,
 attributes, target, device and the inputs' shapes and dtypes) and the checks of its inputs are
-remembered after the first call, so a later call checks only ``seq_len_max``; inputs the
-kernels can read in place (C-contiguous, writeable, aligned, native byte order) are
-not copied, and outputs are written where they are returned (see :mod:`lstm_tvm._host_arrays`).
+remembered after the first call, so a later call checks only ``seq_len_max``, and a call
+like the last one of its op (the same argument names, NumPy arrays of the same shapes and
+dtypes, equal attributes, as in a loop over time steps) is recognised without building the
+configuration's key; inputs the kernels can read in place (C-contiguous, writeable, aligned,
+native byte order) are not copied, and outputs are written where they are returned (see
+:mod:`lstm_tvm._host_arrays`).
 The tuning records of a configuration are those found at its first call in the process (or
 after :func:`lstm_tvm.build.clear_memory_cache`).
 """
@@ -80,6 +83,13 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
     """Run ``op_name`` (a TF op or a helper of :data:`lstm_tvm.registry.KERNEL_OPS`) on
     NumPy-convertible ``inputs`` with ``attrs`` on ``target`` (and ``device``, default: device
     0 of the target's kind); see the module doc."""
+    op, plan, arrays = _planned(op_name, inputs, attrs, target, device)
+    return _execute(op, plan, [arrays[n] for n in plan.tensors], arrays.get("seq_len_max"))
+
+
+def _planned(op_name: str, inputs: Mapping, attrs, target, device):
+    """``(op, plan, arrays)`` for a call of :func:`run`: the inputs as NumPy arrays, and the
+    plan of their configuration (made, and checked fully, at its first call)."""
     if op_name not in KERNEL_OPS:
         raise ValueError(f"unknown op {op_name!r}; expected one of {list(KERNEL_OPS)}")
     op = KERNEL_OPS[op_name]
@@ -98,19 +108,22 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
             if len(_plans) >= 256:
                 _plans.clear()
             _plans[key] = plan
+    return op, plan, arrays
+
+
+def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
+    """Run ``plan`` on ``tensors`` (its tensor inputs in kernel order, checked by the plan's
+    first call or matched to it by :class:`_Repeat`) and ``seq_len_max`` (checked here)."""
     result = output_tuple(op.name)
-    seq_len = (check_seq_len_max(op, arrays["seq_len_max"], plan.T),) if plan.T is not None \
-        else ()
+    seq_len = (check_seq_len_max(op, seq_len_max, plan.T),) if plan.T is not None else ()
     if plan.compiled is None:  # an empty input: every output is empty or zero
         return result(*(np.zeros(s, plan.layout.dtype) for s in plan.layout.shapes))
     if not plan.on_cpu:
         dev = plan.compiled.device
-        tensors = {n: tvm.runtime.tensor(_native(arrays[n]), dev) for n in plan.tensors}
-        outs = plan.compiled(**tensors, **dict(zip(("seq_len_max",), seq_len)))
+        outs = plan.compiled(*seq_len, *(tvm.runtime.tensor(_native(a), dev) for a in tensors))
         return result(*(t.numpy() for t in outs))
-    slot = id(plan)
-    args = kernel_args([arrays[n] for n in plan.tensors], slot)
-    outputs, out_tensors = plan.layout.allocate(slot)
+    args = kernel_args(tensors, plan)
+    outputs, out_tensors = plan.layout.allocate(plan)
     try:
         plan.compiled.func(*seq_len, *args, *out_tensors)
     except ValueError as err:  # the kernel's own argument checks
@@ -118,7 +131,7 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
     return result(*outputs)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # hashed by identity: the slot of its buffers
 class _Plan:
     """What the first call of a configuration settled: the compiled op (None when an input is
     empty), ``T`` to check ``seq_len_max`` against (None for cell ops), the tensor inputs in
@@ -174,6 +187,64 @@ def _plan(op: OpSpec, arrays: dict, attrs, target, device) -> _Plan:
                  generation)
 
 
+class _Repeat:
+    """The keyword arguments of a call of a ``raw_ops`` function that ran ``plan``, for
+    recognising a call of the same configuration without planning it again: the same
+    argument names, NumPy arrays of the same shapes and dtypes (the very dtype objects), equal
+    attributes, target and device of the same types. Only calls whose arguments are all such
+    values are remembered (:meth:`of`)."""
+
+    __slots__ = ("plan", "tensors", "others", "count")
+
+    _VALUES = (bool, int, float, str, type(None))
+
+    def __init__(self, plan: _Plan, tensors: tuple, others: tuple, count: int):
+        self.plan, self.tensors, self.others, self.count = plan, tensors, others, count
+
+    @classmethod
+    def of(cls, plan: _Plan, kwargs: dict) -> "_Repeat | None":
+        """The record of a call that ran ``plan`` with ``kwargs`` (None where a repeat could
+        not be recognised by the checks of :meth:`tensors_of`)."""
+        if plan.compiled is None or not plan.on_cpu:
+            return None
+        tensors = []
+        for name in plan.tensors:
+            value = kwargs[name]
+            if type(value) is not np.ndarray:
+                return None
+            tensors.append((name, value.shape, value.dtype))
+        others = []
+        for name, value in kwargs.items():
+            if name in plan.tensors or name in ("name", "seq_len_max"):
+                continue
+            if type(value) not in cls._VALUES:
+                return None
+            others.append((name, type(value), value))
+        return cls(plan, tuple(tensors), tuple(others), len(kwargs) - ("name" in kwargs))
+
+    def tensors_of(self, kwargs: dict) -> list | None:
+        """The tensor inputs of ``kwargs`` in kernel order where it would be planned as
+        :attr:`plan` (still current), else None."""
+        if (len(kwargs) - ("name" in kwargs) != self.count
+                or self.plan.generation != _build.generation()):
+            return None
+        tensors = []
+        for name, shape, dtype in self.tensors:
+            value = kwargs.get(name)
+            if type(value) is not np.ndarray or value.shape != shape or value.dtype is not dtype:
+                return None
+            tensors.append(value)
+        for name, kind, expected in self.others:
+            value = kwargs.get(name, _Repeat)
+            if type(value) is not kind or value != expected:
+                return None
+        if self.plan.T is not None:
+            steps = kwargs.get("seq_len_max", _Repeat)
+            if not (type(steps) is np.ndarray or _is_int_scalar(steps)):
+                return None
+        return tensors
+
+
 def _is_int_scalar(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -186,7 +257,14 @@ def _make(op: OpSpec):
     input_names, attr_names = frozenset(op.input_names), frozenset(op.attr_names)
     known = input_names | attr_names
 
+    last: list[_Repeat | None] = [None]
+
     def fn(**kwargs):
+        repeat = last[0]
+        tensors = repeat.tensors_of(kwargs) if repeat is not None else None
+        if tensors is not None:
+            return _execute(op, repeat.plan, tensors, kwargs.get("seq_len_max"))
+        call = dict(kwargs)
         kwargs.pop("name", None)
         where = {k: kwargs.pop(k) for k in ("target", "device") if k in kwargs}
         if not kwargs.keys() <= known:
@@ -195,7 +273,10 @@ def _make(op: OpSpec):
                             f"{list(op.attr_names)}")
         inputs = {k: v for k, v in kwargs.items() if k in input_names}
         attrs = {k: v for k, v in kwargs.items() if k in attr_names}
-        return run(op.name, inputs, attrs, **where)
+        _, plan, arrays = _planned(op.name, inputs, attrs, where.get("target", "llvm"),
+                                   where.get("device"))
+        last[0] = _Repeat.of(plan, call)
+        return _execute(op, plan, [arrays[n] for n in plan.tensors], arrays.get("seq_len_max"))
 
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
     params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,

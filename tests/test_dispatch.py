@@ -7,6 +7,7 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import _host_arrays, api, build, reference, registry, testing
+from lstm_tvm._tvm import tvm
 
 SEQ = "BlockLSTMGradV2"
 ATTRS = {"use_peephole": True}
@@ -220,3 +221,69 @@ def test_every_op_reads_inputs_off_a_64_byte_boundary_in_place(op_name, dtype):
     tensors = _host_arrays.kernel_args([odd[k] for k in big], f"offset test {op_name}")
     assert all(np.shares_memory(np.from_dlpack(t), odd[k]) for t, k in zip(tensors, big))
     _check(_run(odd, op_name), inputs, op_name, dtype)
+
+
+def _planning_counted(monkeypatch) -> list:
+    calls = []
+    real = lstm_tvm.raw_ops._planned
+
+    def counting(*args, **kwargs):
+        calls.append(args[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("lstm_tvm.raw_ops._planned", counting)
+    return calls
+
+
+def test_a_loop_of_calls_of_one_configuration_is_planned_once(monkeypatch):
+    planned = _planning_counted(monkeypatch)
+    for step in range(3):  # fresh arrays and a new ``name`` each call, as a serving loop has
+        inputs = _inputs("LSTMBlockCellGrad", B=2, seed=20 + step, T=None, I=7, H=12)
+        got = lstm_tvm.raw_ops.LSTMBlockCellGrad(**inputs, **ATTRS, name=f"step{step}")
+        _check(got, inputs, "LSTMBlockCellGrad")
+    assert planned == ["LSTMBlockCellGrad"]
+
+
+def _be(a):
+    return a.astype(a.dtype.newbyteorder(">"))
+
+
+def _to_numpy(value):
+    return value.numpy() if isinstance(value, tvm.runtime.Tensor) else np.asarray(value)
+
+
+@pytest.mark.parametrize("change, error", [
+    (lambda kw: {**kw, "use_peephole": False}, None),
+    (lambda kw: {**kw, "cell_clip": 0.25}, None),
+    (lambda kw: {**kw, "x": _be(kw["x"])}, None),
+    (lambda kw: {**kw, "h_prev": tvm.runtime.tensor(kw["h_prev"])}, None),
+    (lambda kw: {**kw, "target": "llvm"}, None),
+    (lambda kw: {**kw, "seq_len_max": np.array(3)}, None),
+    (lambda kw: {**kw, "x": kw["x"][:, :-1]}, (ValueError, "'x'")),
+    (lambda kw: {**kw, "b": kw["b"].astype("float16")}, (TypeError, "'b'")),
+    (lambda kw: {k: v for k, v in kw.items() if k != "wco"}, (TypeError, "'wco'")),
+    (lambda kw: {**kw, "bogus": 1}, (TypeError, "bogus")),
+    (lambda kw: {**kw, "use_peephole": 1}, (TypeError, "use_peephole")),
+    (lambda kw: {**kw, "seq_len_max": 2.0}, (TypeError, "seq_len_max")),
+], ids=["attribute", "new attribute", "big-endian", "DLPack object", "target", "0-d seq_len_max",
+        "shape", "dtype", "missing input", "unknown argument", "attribute type",
+        "float seq_len_max"])
+def test_a_call_unlike_the_last_is_planned_and_checked_anew(change, error):
+    """The call before each case is the same op with ``base``: the case's call must not be
+    taken for a repeat of it."""
+    op_name = "BlockLSTMV2"
+    op = registry.get_op(op_name)
+    inputs = {**_inputs(op_name, B=2, seed=30, T=5, I=6, H=8), "seq_len_max": np.int64(4)}
+    base = {**inputs, **ATTRS}
+    _check(lstm_tvm.raw_ops.BlockLSTMV2(**base), inputs, op_name)
+    _check(lstm_tvm.raw_ops.BlockLSTMV2(**base), inputs, op_name)  # now a repeat
+    call = change(base)
+    if error is not None:
+        with pytest.raises(error[0], match=error[1]):
+            lstm_tvm.raw_ops.BlockLSTMV2(**call)
+        return
+    got = lstm_tvm.raw_ops.BlockLSTMV2(**call)
+    attrs = {k: call[k] for k in op.attr_names if k in call}
+    ref = reference.run(op_name, {k: _to_numpy(call[k]) for k in op.input_names}, attrs)
+    for name in op.output_names:
+        testing.assert_close(getattr(got, name), ref[name], "float32", f"{op_name}.{name}")
