@@ -3,14 +3,17 @@
 ``dh`` backward) run one row per tile without padding, up to
 ``SHORT_ROWS`` rows padded to ``SHORT_ROWS``, from there padded to ``ROW_TILE`` rows; every path
 against the float64 reference, with peepholes, an active clip, padded steps
-(``seq_len_max < T``) and float16."""
+(``seq_len_max < T``) and float16. The cell ops' elementwise blocks run on one thread below
+``ONE_THREAD_BELOW`` elements of work (``by_work``): both sides of it against the reference."""
 
 import numpy as np
 import pytest
 
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
-from lstm_tvm.kernels._builder import ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW
+from lstm_tvm._tvm import Schedule, tirx
+from lstm_tvm.kernels._builder import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
+                                      SINGLE_ROWS_BELOW)
 from lstm_tvm.validation import validate_attrs
 
 SEQ_OPS = [n for n, op in registry.OPS.items() if op.kind == "sequence"]
@@ -84,3 +87,42 @@ def _one_row_tile_loops(op_name: str, mcpu: str) -> list[str]:
                            {"kind": "llvm", "mcpu": mcpu})
     text = build.primfunc(spec).script()
     return text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
+
+
+CELL_OPS = ["LSTMBlockCell", "LSTMBlockCellGrad"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op_name", CELL_OPS)
+def test_the_cell_ops_match_the_reference_on_both_sides_of_one_thread_work(op_name, dtype):
+    H = 16
+    attrs = {"use_peephole": True}
+    if "cell_clip" in registry.get_op(op_name).attr_names:
+        attrs["cell_clip"] = 0.5
+    edge = ONE_THREAD_BELOW // (4 * H)  # the cell ops measure their work as B * 4H
+    for B in (edge - 1, edge):
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=8, H=H, seed=B, attrs=attrs)
+        got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
+        ref = reference.run(op_name, inputs, attrs)
+        for name in registry.get_op(op_name).output_names:
+            testing.assert_close(getattr(got, name), ref[name], dtype, f"{op_name}.{name} B={B}")
+
+
+@pytest.mark.parametrize("op_name, block", [("LSTMBlockCell", "cell"),
+                                            ("LSTMBlockCell", "xh"),
+                                            ("LSTMBlockCellGrad", "cell_grad"),
+                                            ("LSTMBlockCellGrad", "dicfo")])
+def test_the_one_thread_version_of_a_block_has_no_parallel_loop(op_name, block):
+    op = registry.get_op(op_name)
+    spec = build.make_spec(op_name, "float32", 16, 16,
+                           validate_attrs(op, {"use_peephole": True}), "llvm")
+    failures = []
+    sch = Schedule(build.primfunc(spec, failures))
+    assert failures == []
+
+    def kinds(name):
+        return [sch.get(loop).kind for loop in sch.get_loops(sch.get_sblock(name))]
+
+    assert tirx.ForKind.PARALLEL in kinds(block)
+    assert tirx.ForKind.PARALLEL not in kinds(f"{block}_1t")
+    assert tirx.ForKind.VECTORIZED in kinds(f"{block}_1t")

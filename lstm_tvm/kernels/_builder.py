@@ -18,11 +18,11 @@ from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
 
-__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "PANEL", "ROW_TILE",
-           "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "capture_gemms", "cpu_kernels",
-           "cpu_variants", "fixed_sizes", "flat", "gemm", "kernel", "padded", "panel_scratch",
-           "panels", "reduction", "row_chunks", "spatial", "step_gemm", "step_views", "temp",
-           "tensor_loads", "time_loop", "uses_var", "zero"]
+__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
+           "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "by_work",
+           "capture_gemms", "cpu_kernels", "cpu_variants", "fixed_sizes", "flat", "gemm", "kernel",
+           "padded", "panel_scratch", "panels", "reduction", "row_chunks", "spatial", "step_gemm",
+           "step_views", "temp", "tensor_loads", "time_loop", "uses_var", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -43,6 +43,13 @@ STEP_BLOCK = "step"
 #: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
 #: :class:`GemmBlock`): a time step, or a chunk of :func:`row_chunks` with ``per_step``.
 LOOP_BODY = "lstm_tvm.loop_body"
+#: Block annotation of the blocks of :func:`by_work`'s small version: their loops stay on the
+#: calling thread.
+ONE_THREAD = "lstm_tvm.one_thread"
+#: Work (elements, see :func:`by_work`) below which blocks run on one thread: a launch of the
+#: thread pool costs more than it saves below it (the cell ops' gate math at H=256 on 2 cores:
+#: one thread is faster up to B=32, ``B * 4H`` = 32768, two from B=64; docs/performance.md).
+ONE_THREAD_BELOW = 65536
 
 _FIXED_SIZES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fixed_sizes",
                                                                             default=None)
@@ -99,6 +106,7 @@ def capture_gemms():
 _GEMMS: contextvars.ContextVar[list | None] = contextvars.ContextVar("gemms", default=None)
 _STEPS: contextvars.ContextVar[object] = contextvars.ContextVar("steps", default=None)
 _IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("in_step", default=False)
+_ONE_THREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("one_thread", default=False)
 
 
 @contextlib.contextmanager
@@ -190,7 +198,7 @@ def _loop_body(per_step: bool):
 def temp(name: str, shape, dtype: str = ACC):
     """A scratch buffer of the kernel (float32 unless told)."""
     buf = T.alloc_buffer(shape, dtype)
-    IRBuilder.name(name, buf)
+    IRBuilder.name(_versioned(name), buf)
     return buf
 
 
@@ -426,11 +434,11 @@ def spatial(name: str, extents: Sequence, body: Callable, group: str | None = No
     """
     with T.grid(*extents) as loops:
         loops = _as_list(loops)
-        with T.sblock(name):
+        with T.sblock(_versioned(name)):
             axes = T.axis.remap("S" * len(loops), list(loops))
             axes = _as_list(axes)
-            if group is not None:
-                T.sblock_attr({FUSE_GROUP: group})
+            # a version's group of its own: a run never spans the branches of an ``if``
+            _annotate({FUSE_GROUP: _versioned(group)} if group is not None else {})
             body(*axes)
 
 
@@ -443,14 +451,57 @@ def reduction(name: str, out, spatial_extents: Sequence, reduce_extents: Sequenc
     n_s = len(spatial_extents)
     with T.grid(*spatial_extents, *reduce_extents) as loops:
         loops = _as_list(loops)
-        with T.sblock(name):
+        with T.sblock(_versioned(name)):
             axes = T.axis.remap("S" * n_s + "R" * len(reduce_extents), list(loops))
             axes = _as_list(axes)
+            _annotate({})
             s, r = list(axes[:n_s]), list(axes[n_s:])
             idx = list(index(*s))
             with T.init():
                 T.buffer_store(out, init(*s) if init is not None else zero(out.dtype), idx)
             T.buffer_store(out, out[tuple(idx)] + term(s, r), idx)
+
+
+def by_work(points, emit: Callable[[], None]) -> None:
+    """Emit ``emit()``'s blocks (elementwise blocks and sums of :func:`spatial`,
+    :func:`reduction` and :func:`temp` scratch) in a version chosen by ``points``, their work
+    in elements (the cell ops pass ``B * 4H`` for their gate math): below
+    :data:`ONE_THREAD_BELOW` a version whose blocks and scratch are named ``<name>_1t`` and
+    marked :data:`ONE_THREAD` (their loops stay on the calling thread), else the plain one. A
+    constant ``points`` (tuning tasks) emits only the version it takes; GPU builds only the
+    plain one (see :func:`cpu_variants`)."""
+    if not cpu_variants():
+        emit()
+        return
+    if isinstance(points, (int, tirx.IntImm)):
+        _emit_versioned(emit, int(points) < ONE_THREAD_BELOW)
+        return
+    with T.If(points < ONE_THREAD_BELOW):
+        with T.Then():
+            _emit_versioned(emit, True)
+        with T.Else():
+            emit()
+
+
+def _emit_versioned(emit: Callable[[], None], one_thread: bool) -> None:
+    token = _ONE_THREAD.set(one_thread)
+    try:
+        emit()
+    finally:
+        _ONE_THREAD.reset(token)
+
+
+def _versioned(name: str) -> str:
+    """``name`` as the open :func:`by_work` version names it."""
+    return f"{name}_1t" if _ONE_THREAD.get() else name
+
+
+def _annotate(annotations: dict) -> None:
+    """Annotate the open block with ``annotations`` (and :data:`ONE_THREAD` where it holds)."""
+    if _ONE_THREAD.get():
+        annotations = {**annotations, ONE_THREAD: True}
+    if annotations:
+        T.sblock_attr(annotations)
 
 
 def _as_list(values) -> list:

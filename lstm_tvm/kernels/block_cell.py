@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import T, kernel, padded, reduction, spatial, step_gemm, step_views, temp, zero
+from ._builder import (T, by_work, kernel, padded, reduction, spatial, step_gemm, step_views,
+                       temp, zero)
 from ._gates import (ICF, CellConfig, cell_backward, cell_forward, f32, gate_activations,
                      gate_offsets, store)
 
@@ -13,7 +14,8 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
     """``LSTMBlockCell``: ``g = [x, h_prev] @ w + b`` (block ``gates``, or ``gates_rows`` /
     ``gates_rows4`` at small batches as a sequence step's, see :func:`step_gemm`; its operand
     gathered, widened and row-padded by block ``xh``), then the gate math of one step (blocks
-    ``gate_act`` and ``cell``, see :func:`cell_blocks`)."""
+    ``gate_act`` and ``cell``, see :func:`cell_blocks`); at small batches ``xh`` and the gate
+    math run on one thread (blocks ``<name>_1t``, see :func:`by_work`)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
@@ -22,13 +24,16 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         B = size["B"]
         x, h_prev, w = buf["x"], buf["h_prev"], buf["w"]
         xh, gates = temp("xh", (padded(B), I + H)), temp("gates", (padded(B), G))
-        spatial("xh", (padded(B), I + H), lambda n, k: T.buffer_store(xh, tirx.if_then_else(
-            n < B, tirx.if_then_else(k < I, f32(x[n, k]), f32(h_prev[n, k - I])), zero()),
-            [n, k]))
+        by_work(padded(B) * (I + H), lambda: spatial(
+            "xh", (padded(B), I + H), lambda n, k: T.buffer_store(xh, tirx.if_then_else(
+                n < B, tirx.if_then_else(k < I, f32(x[n, k]), f32(h_prev[n, k - I])), zero()),
+                [n, k])))
         step_gemm("gates", gates, step_views(gates, B), B, G, I + H, lambda n, k: xh[n, k],
                   lambda k, j: f32(w[k, j]), init=lambda n, j: f32(buf["b"][j]))
-        cell_blocks(cfg, buf, dtype, activation_scratch(B, H), lambda n, k, g: gates[n, off[g] + k],
-                    lambda n, k: f32(buf["cs_prev"][n, k]), lambda n, k: (n, k))
+        acts = activation_scratch(B, H)
+        by_work(B * G, lambda: cell_blocks(
+            cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
+            lambda n, k: f32(buf["cs_prev"][n, k]), lambda n, k: (n, k)))
     return builder.get()
 
 
@@ -74,32 +79,39 @@ def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_
 
 def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
     """``LSTMBlockCellGrad``: ``dicfo`` and ``cs_prev_grad`` (block ``cell_grad``) and the
-    peephole gradients (sums over the batch)."""
+    peephole gradients (sums over the batch); small batches on one thread (blocks
+    ``<name>_1t``, see :func:`by_work`)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     peep = bool(attrs["use_peephole"])
     with kernel(op, dtype, I, H) as (buf, size, builder):
         B = size["B"]
-        d4 = temp("d4", (B, G))
-
-        def body(n, k):
-            grads = cell_backward(
-                peep, *(f32(buf[a][n, k]) for a in ("i", "cs", "f", "o", "ci", "co", "cs_prev",
-                                                     "cs_grad", "h_grad")),
-                f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
-            for gate, value in zip("icfo", grads[:4]):
-                T.buffer_store(d4, value, [n, off[gate] + k])
-            T.buffer_store(buf["cs_prev_grad"], store(grads[4], dtype), [n, k])
-
-        spatial("cell_grad", (B, H), body)
-        spatial("dicfo", (B, G), lambda n, j: T.buffer_store(
-            buf["dicfo"], store(d4[n, j], dtype), [n, j]))
-        peephole_grads(buf, dtype, peep, H, B > 0, off, (B,),
-                       lambda gate, k, r: d4[r[0], off[gate] + k],
-                       lambda k, r: f32(buf["cs_prev"][r[0], k]),
-                       lambda k, r: f32(buf["cs"][r[0], k]))
+        by_work(B * G, lambda: _cell_grad_blocks(buf, dtype, peep, B, H, off))
     return builder.get()
+
+
+def _cell_grad_blocks(buf, dtype, peep, B, H, off):
+    """The blocks of ``LSTMBlockCellGrad`` (see there)."""
+    G = 4 * H
+    d4 = temp("d4", (B, G))
+
+    def body(n, k):
+        grads = cell_backward(
+            peep, *(f32(buf[a][n, k]) for a in ("i", "cs", "f", "o", "ci", "co", "cs_prev",
+                                                 "cs_grad", "h_grad")),
+            f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
+        for gate, value in zip("icfo", grads[:4]):
+            T.buffer_store(d4, value, [n, off[gate] + k])
+        T.buffer_store(buf["cs_prev_grad"], store(grads[4], dtype), [n, k])
+
+    spatial("cell_grad", (B, H), body)
+    spatial("dicfo", (B, G), lambda n, j: T.buffer_store(
+        buf["dicfo"], store(d4[n, j], dtype), [n, j]))
+    peephole_grads(buf, dtype, peep, H, B > 0, off, (B,),
+                   lambda gate, k, r: d4[r[0], off[gate] + k],
+                   lambda k, r: f32(buf["cs_prev"][r[0], k]),
+                   lambda k, r: f32(buf["cs"][r[0], k]))
 
 
 def peephole_grads(buf, dtype, peep, H, ran, off, reduce_extents, dgate, cs_prev, cs):

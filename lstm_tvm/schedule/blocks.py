@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm.sym import Analyzer
 
 from .._tvm import SBlock, Schedule
-from ..kernels._builder import FUSE_GROUP, LOOP_BODY, STEP_BLOCK
+from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ONE_THREAD, STEP_BLOCK
 
 
 def leaf_blocks(sch: Schedule) -> list:
@@ -41,6 +41,11 @@ def in_loop_body(sch: Schedule, block) -> bool:
 def in_time_step(sch: Schedule, block) -> bool:
     """Whether ``block`` lies inside a sequence kernel's time step (block ``STEP_BLOCK``)."""
     return any(b.name_hint == STEP_BLOCK for b in _ancestors(sch, block))
+
+
+def one_thread(sch: Schedule, block) -> bool:
+    """Whether ``block`` runs on the calling thread alone (``by_work``'s small version)."""
+    return bool(sch.get(block).annotations.get(ONE_THREAD, False))
 
 
 def fusion_group(sch: Schedule, block):

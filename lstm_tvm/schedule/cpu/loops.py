@@ -1,13 +1,14 @@
 """The rule for every other block: sums (a reduction with one spatial iterator), vectorised
 along it with the reduction inside, and elementwise blocks, parallel outside and vectorised
 inside where the extent allows. The outer loop of a block in a fusion group is left serial:
-:mod:`.fusion` runs the group's blocks in one parallel loop."""
+:mod:`.fusion` runs the group's blocks in one parallel loop; that of a block marked to run on
+one thread (``by_work`` in the kernels) stays serial."""
 
 from __future__ import annotations
 
 from ..._tvm import Schedule
 from ..traits import CpuTraits
-from ..blocks import fusion_group
+from ..blocks import fusion_group, one_thread
 from ._loops import block_loops, column_chunk
 
 
@@ -28,8 +29,9 @@ def rule(sch: Schedule, block, traits: CpuTraits) -> bool | None:
         sch.reorder(*outer, *reduce_, n_i)
     if outer:
         outer = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        if fusion_group(sch, block) is None or len(spatial) != 2 or reduce_:
-            sch.parallel(outer)  # else in fusion.merge_groups
+        grouped = fusion_group(sch, block) is not None and len(spatial) == 2 and not reduce_
+        if not grouped and not one_thread(sch, block):
+            sch.parallel(outer)  # a grouped block's in fusion.merge_groups
     if chunk:
         sch.vectorize(n_i)
     if reduce_ and loops.has_init:
