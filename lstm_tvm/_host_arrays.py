@@ -54,29 +54,43 @@ def kernel_args(arrays, slot) -> list:
     if staged is None:
         if len(pool) > _POOL_SIZE:
             pool.clear()
-        # a small array is always copied (reading its flags costs a copy's time); a large one
-        # gets a staging buffer only once it cannot be read in place
-        staged = pool[slot] = [_staging(a) if a.nbytes < _COPY_BELOW else [None]
-                               for a in arrays]
-    out = []
-    for i, array in enumerate(arrays):
-        entry = staged[i]
-        if type(entry) is list:
-            flags = array.flags
-            if (flags.c_contiguous and flags.writeable and flags.aligned
-                    and array.dtype.isnative):
-                out.append(tvm_ffi.from_dlpack(array, require_alignment=array.dtype.alignment,
-                                               require_contiguous=True))
-                continue
-            if entry[0] is None:
-                entry[0] = _staging(array)
-            entry = entry[0]
-        entry[0][...] = array  # same shape; the dtype differs at most in byte order
-        out.append(entry[1])
+        staged = pool[slot] = _Staging(arrays)
+    out = list(staged.tensors)
+    for i, view in staged.small:
+        view[...] = arrays[i]  # same shape; the dtype differs at most in byte order
+    for i in staged.large:
+        array = arrays[i]
+        flags = array.flags
+        if flags.c_contiguous and flags.writeable and flags.aligned and array.dtype.isnative:
+            out[i] = tvm_ffi.from_dlpack(array, require_alignment=array.dtype.alignment,
+                                         require_contiguous=True)
+        else:
+            view, out[i] = staged.copy(i, array)
+            view[...] = array
     return out
 
 
-def _staging(array: np.ndarray) -> tuple:
+class _Staging:
+    """The staging buffers of one configuration in one thread: a small array (below
+    :data:`_COPY_BELOW` bytes) is always copied, reading its flags costs a copy's time; a large
+    one gets a buffer only once it cannot be read in place."""
+
+    def __init__(self, arrays):
+        small = [i for i, a in enumerate(arrays) if a.nbytes < _COPY_BELOW]
+        buffers = {i: _buffer(arrays[i]) for i in small}
+        self.small = [(i, buffers[i][0]) for i in small]
+        self.large = [i for i in range(len(arrays)) if i not in buffers]
+        self.tensors = [buffers[i][1] if i in buffers else None for i in range(len(arrays))]
+        self._copies: dict[int, tuple] = {}
+
+    def copy(self, i: int, array: np.ndarray) -> tuple:
+        """``(array, tensor)``: the staging buffer of large input ``i``."""
+        if i not in self._copies:
+            self._copies[i] = _buffer(array)
+        return self._copies[i]
+
+
+def _buffer(array: np.ndarray) -> tuple:
     """An aligned, C-contiguous, native-order buffer of ``array``'s shape and dtype, as an
     array and as a TVM tensor."""
     view = aligned_empty(array.nbytes).view(array.dtype.newbyteorder("=")).reshape(array.shape)
@@ -116,9 +130,9 @@ class OutputLayout:
             # are ``arrays`` themselves: with as many references to each as when the pool alone
             # held them, no output of the last call (nor any view of one) is alive, and the
             # memory may be written again.
-            if layout is self and _references(raw, arrays) == alone and all(
-                    a.shape == s and a.dtype == self.dtype and a.flags.writeable
-                    for a, s in zip(arrays, self.shapes)):  # nor reshaped or frozen since
+            if (layout is self and _references(raw, arrays) == alone
+                    and [a.shape for a in arrays] == self.shapes  # nor reshaped or frozen since
+                    and all(a.dtype == self.dtype and a.flags.writeable for a in arrays)):
                 return arrays, tensors
         raw = np.empty(self.nbytes + ALIGNMENT, np.uint8)
         buf = _aligned(raw, self.nbytes)
@@ -135,4 +149,4 @@ class OutputLayout:
 
 
 def _references(raw, arrays) -> tuple:
-    return (sys.getrefcount(raw), *(sys.getrefcount(a) for a in arrays))
+    return (sys.getrefcount(raw), *map(sys.getrefcount, arrays))
