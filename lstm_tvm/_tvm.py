@@ -184,14 +184,20 @@ def target_key(target: "tvm.target.Target") -> str:
 
 @functools.cache
 def configure_threads() -> int:
-    """Give TVM's CPU thread pool one worker per usable core; returns the worker count.
+    """Give TVM's CPU thread pool one worker per usable core, not pinned; returns the worker
+    count.
 
     TVM defaults to half of ``hardware_concurrency`` on x86 (it assumes hyper-threading), which
     leaves half the cores idle on machines without it. ``TVM_NUM_THREADS`` or
     ``OMP_NUM_THREADS``, when set, win as in TVM; otherwise ``TVM_NUM_THREADS`` is set to the
-    number of cores this process may run on. TVM reads it when its thread pool starts, so this
-    runs before lstm_tvm launches any kernel.
+    number of cores this process may run on. TVM also pins each worker to a core of its own but
+    leaves the calling thread free, so the OS may run the caller on a worker's core: the two
+    then take turns on it, and a sequence kernel, whose threads meet at a barrier every step,
+    runs 2.5-2.8x slower until the OS moves the caller (docs/performance.md). So
+    ``TVM_BIND_THREADS`` is set to 0 unless set already. TVM reads both when its thread pool
+    starts, so this runs before lstm_tvm launches any kernel.
     """
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
     for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(var):
             return int(os.environ[var])

@@ -6,11 +6,15 @@ result is checked against TF (defined elements) and the float64 reference, float
 Errors of this route are exercised in tests/test_onnx_ort_errors.py.
 """
 
-import numpy as np
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from _ort_harness import open_session, run_session
+from _ort_harness import child_script, open_session, run_session
 
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
@@ -161,3 +165,51 @@ if __name__ == "__main__":
     import sys
 
     sys.exit(pytest.main([__file__]))
+
+
+_THREADS_CHILD = child_script("""
+    import ctypes, json, os, sys
+    import numpy as np, onnx
+    from _ort_harness import open_session, run_session
+
+    def threads():
+        return {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+
+    library, export, model, feeds = sys.argv[1:5]
+    session = open_session(onnx.load(model), "native", exports=[export], library=library)
+    before = threads()  # ONNX Runtime's own threads (it pins its intra-op pool by default)
+    run_session(session, dict(np.load(feeds)), align=True)  # TVM's pool starts here
+    getenv = ctypes.CDLL(None).getenv
+    getenv.restype = ctypes.c_char_p
+    print(json.dumps({
+        "allowed": sorted(os.sched_getaffinity(0)),
+        "env": {v: (getenv(v.encode()) or b"").decode()
+                for v in ("TVM_NUM_THREADS", "TVM_BIND_THREADS")},
+        "tvm": [cores for t, cores in threads().items() if t not in before],
+    }))
+""")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux thread affinities and at least 2 usable cores")
+def test_the_library_gives_tvm_a_worker_per_usable_core_and_pins_none(library, exports,
+                                                                         tmp_path):
+    """As ``lstm_tvm._tvm.configure_threads`` does in Python, in a fresh process whose only
+    TVM kernels run through the library: the workers TVM's pool starts are not pinned."""
+    attrs = {"use_peephole": True}
+    model = lo.make_model("BlockLSTMV2", "float32", input_size=I, cell_size=H, attrs=attrs,
+                          with_functions=False)
+    model_path, feeds = tmp_path / "model.onnx", tmp_path / "feeds.npz"
+    model_path.write_bytes(model.SerializeToString())
+    np.savez(feeds, **testing.make_inputs("BlockLSTMV2", B=B, I=I, H=H, T=T, attrs=attrs))
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TVM_NUM_THREADS", "OMP_NUM_THREADS", "TVM_BIND_THREADS")}
+    done = subprocess.run([sys.executable, "-c", _THREADS_CHILD, str(library),
+                           str(exports["f32"]), str(model_path), str(feeds)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    pool = json.loads(done.stdout.strip().splitlines()[-1])
+    assert pool["env"] == {"TVM_NUM_THREADS": str(len(pool["allowed"])),
+                           "TVM_BIND_THREADS": "0"}
+    assert len(pool["tvm"]) >= len(pool["allowed"]) - 1, pool  # the caller is worker 0
+    assert all(cores == pool["allowed"] for cores in pool["tvm"]), pool

@@ -34,6 +34,8 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -592,6 +594,21 @@ void Register(OrtSessionOptions* options) {
   Check(g_api->AddCustomOpDomain(options, domain), "domain");
 }
 
+// TVM's CPU thread pool reads these when it starts (at the first kernel), as lstm_tvm's Python
+// side sets them (lstm_tvm._tvm.configure_threads): one worker per core this process may use
+// (TVM's own default is half the cores on x86) and no worker pinned to a core (TVM pins its
+// workers but not the calling thread, which may then share a worker's core: a sequence kernel
+// runs 2.5x slower). Only variables the user left unset are set.
+void ConfigureTvmThreads() {
+  if (std::getenv("TVM_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    cpu_set_t cores;
+    if (sched_getaffinity(0, sizeof(cores), &cores) == 0 && CPU_COUNT(&cores) > 0) {
+      setenv("TVM_NUM_THREADS", std::to_string(CPU_COUNT(&cores)).c_str(), 0);
+    }
+  }
+  setenv("TVM_BIND_THREADS", "0", 0);
+}
+
 }  // namespace
 
 extern "C" {
@@ -599,6 +616,7 @@ extern "C" {
 // Called by ONNX Runtime when the library is registered on a SessionOptions.
 __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
 RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  ConfigureTvmThreads();
   const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
   if (api == nullptr) {  // an ONNX Runtime older than these headers: report with its own API
     const OrtApi* old = api_base->GetApi(1);

@@ -1,0 +1,46 @@
+"""TVM's CPU thread pool as lstm_tvm sets it up: one worker per core the process may use, and
+no thread pinned to one core (the OS may otherwise run the caller on a pinned worker's core,
+and the two take turns there) unless the user asks for pinning. Each case runs a kernel in a
+fresh process, where the pool starts, and reads every thread's affinity from the OS."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, os
+import lstm_tvm
+from lstm_tvm import testing
+inputs = testing.make_inputs("BlockLSTMV2", dtype="float32", B=2, I=8, H=16, T=3, attrs={})
+lstm_tvm.raw_ops.BlockLSTMV2(**inputs)  # the first kernel starts the pool
+threads = {t: sorted(os.sched_getaffinity(int(t))) for t in os.listdir("/proc/self/task")}
+print(json.dumps({"allowed": sorted(os.sched_getaffinity(0)), "threads": threads,
+                  "workers": os.environ["TVM_NUM_THREADS"]}))
+"""
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs Linux thread affinities and at least 2 usable cores")
+
+
+def _pool(**env) -> dict:
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS", "OMP_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env={**clean, **env},
+                          capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_pool_has_a_worker_per_usable_core_and_pins_none():
+    pool = _pool()
+    assert int(pool["workers"]) == len(pool["allowed"])
+    assert len(pool["threads"]) >= int(pool["workers"])  # the caller and the pool's workers
+    assert all(cores == pool["allowed"] for cores in pool["threads"].values()), pool
+
+
+def test_pinning_asked_for_is_kept():
+    pool = _pool(TVM_BIND_THREADS="1")
+    assert any(len(cores) == 1 for cores in pool["threads"].values()), pool
