@@ -3,8 +3,9 @@
 ``dh`` backward) run one row per tile without padding, up to
 ``SHORT_ROWS`` rows padded to ``SHORT_ROWS``, from there padded to ``ROW_TILE`` rows; every path
 against the float64 reference, with peepholes, an active clip, padded steps
-(``seq_len_max < T``) and float16. The cell ops' elementwise blocks run on one thread below
-``ONE_THREAD_BELOW`` elements of work (``by_work``): both sides of it against the reference."""
+(``seq_len_max < T``) and float16. Small elementwise blocks run on one thread below
+``ONE_THREAD_BELOW`` elements of work (``by_work``, and constant-size blocks outside a time
+step): both sides of it against the reference, for the cell and the sequence ops."""
 
 import numpy as np
 import pytest
@@ -126,3 +127,57 @@ def test_the_one_thread_version_of_a_block_has_no_parallel_loop(op_name, block):
     assert tirx.ForKind.PARALLEL in kinds(block)
     assert tirx.ForKind.PARALLEL not in kinds(f"{block}_1t")
     assert tirx.ForKind.VECTORIZED in kinds(f"{block}_1t")
+
+
+def _schedule(op_name, size):
+    op = registry.get_op(op_name)
+    spec = build.make_spec(op_name, "float32", size, size,
+                           validate_attrs(op, {"use_peephole": True}), "llvm")
+    failures = []
+    sch = Schedule(build.primfunc(spec, failures))
+    assert failures == []
+    return sch
+
+
+def _parallel(sch, name) -> bool:
+    return any(sch.get(loop).kind == tirx.ForKind.PARALLEL
+               for loop in sch.get_loops(sch.get_sblock(name)))
+
+
+@pytest.mark.parametrize("op_name, block", [("BlockLSTMV2", "w_panels"),
+                                            ("BlockLSTMGradV2", "w_t_h"),
+                                            ("BlockLSTMGradV2", "dicfo_pad")])
+def test_a_small_constant_block_outside_the_time_step_runs_on_one_thread(op_name, block):
+    """At I=H=16 the block is far below ``ONE_THREAD_BELOW`` points, at I=H=256 above it; the
+    time step's blocks stay parallel either way, and the time loop one launch of the pool."""
+    small, large = _schedule(op_name, 16), _schedule(op_name, 256)
+    assert not _parallel(small, block) and _parallel(large, block)
+    for sch in (small, large):
+        step = sch.get_sblock("step")
+        assert all(_parallel(sch, sch.get(b).name_hint) for b in _leaves(sch, step))
+        assert "pragma_parallel_launch_point" in sch.mod["main"].script()
+
+
+def _leaves(sch, block):
+    children = sch.get_child_blocks(block)
+    return [leaf for c in children for leaf in (_leaves(sch, c) or [c])]
+
+
+@pytest.mark.parametrize("op_name", SEQ_OPS)
+def test_the_sequence_ops_match_the_reference_on_both_sides_of_one_thread_work(op_name):
+    """The state copies and the padded steps' zeros (``B * H`` and ``(T - seq_len_max) * B *
+    H`` points) run on one thread below ``ONE_THREAD_BELOW`` and in parallel from there."""
+    H = 16
+    attrs = {"use_peephole": True}
+    if "cell_clip" in registry.get_op(op_name).attr_names:
+        attrs["cell_clip"] = 0.5
+    edge = ONE_THREAD_BELOW // H
+    for B in (edge - 1, edge):
+        inputs = testing.make_inputs(op_name, dtype="float32", B=B, I=8, H=H, T=3, seed=B,
+                                     attrs=attrs)
+        inputs["seq_len_max"] = np.int64(2)
+        got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
+        ref = reference.run(op_name, inputs, attrs)
+        for name in registry.get_op(op_name).output_names:
+            testing.assert_close(getattr(got, name), ref[name], "float32",
+                                 f"{op_name}.{name} B={B}")

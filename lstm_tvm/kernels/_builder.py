@@ -430,15 +430,21 @@ def spatial(name: str, extents: Sequence, body: Callable, group: str | None = No
 
     Consecutive blocks of one ``group`` (same extents) may run in one parallel loop, one
     point after the other: each block may read what an earlier block of the group wrote, and
-    write what an earlier one read, only at its own point (the same indices).
+    write what an earlier one read, only at its own point (the same indices). A CPU block of
+    constant extents below :data:`ONE_THREAD_BELOW` points outside a time step runs on one
+    thread, as :func:`by_work`'s small versions (a time step's blocks stay parallel: the step
+    runs on every thread of the pool, see ``schedule/cpu/team.py``).
     """
+    small = (cpu_variants() and not _IN_STEP.get()
+             and all(isinstance(e, (int, tirx.IntImm)) for e in extents)
+             and int(np.prod([int(e) for e in extents])) < ONE_THREAD_BELOW)
     with T.grid(*extents) as loops:
         loops = _as_list(loops)
         with T.sblock(_versioned(name)):
             axes = T.axis.remap("S" * len(loops), list(loops))
             axes = _as_list(axes)
             # a version's group of its own: a run never spans the branches of an ``if``
-            _annotate({FUSE_GROUP: _versioned(group)} if group is not None else {})
+            _annotate({FUSE_GROUP: _versioned(group)} if group is not None else {}, small)
             body(*axes)
 
 
@@ -496,9 +502,9 @@ def _versioned(name: str) -> str:
     return f"{name}_1t" if _ONE_THREAD.get() else name
 
 
-def _annotate(annotations: dict) -> None:
+def _annotate(annotations: dict, one_thread: bool = False) -> None:
     """Annotate the open block with ``annotations`` (and :data:`ONE_THREAD` where it holds)."""
-    if _ONE_THREAD.get():
+    if one_thread or _ONE_THREAD.get():
         annotations = {**annotations, ONE_THREAD: True}
     if annotations:
         T.sblock_attr(annotations)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
-from ._builder import (ROW_TILE, T, flat, gemm, kernel, padded, panels, spatial, step_gemm,
-                       step_views, temp, time_loop, zero)
+from ._builder import (ROW_TILE, T, by_work, flat, gemm, kernel, padded, panels, spatial,
+                       step_gemm, step_views, temp, time_loop, zero)
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from .block_cell import activation_scratch, cell_blocks
 
@@ -60,9 +60,12 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
             T.buffer_store(h_state, f32(buf["h_prev"][n, k]), [n, k])
             T.buffer_store(cs_state, f32(buf["cs_prev"][n, k]), [n, k])
 
-        spatial("state_init", (B, H), init_state)
-        spatial("state_pad", (padded(B) - B, H), lambda n, k: T.buffer_store(
-            h_state, zero(), [B + n, k]))
+        def state_blocks():
+            spatial("state_init", (B, H), init_state)
+            spatial("state_pad", (padded(B) - B, H), lambda n, k: T.buffer_store(
+                h_state, zero(), [B + n, k]))
+
+        by_work(padded(B) * H, state_blocks)
         gates_views = step_views(gates, B)
         with time_loop(L, Tn) as vt:
             step_gemm("gates", gates, gates_views, B, G, H, lambda n, k: h_state[n, k],
@@ -77,5 +80,5 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
             for name in OUTPUTS:
                 T.buffer_store(buf[name], zero(dtype), [L + t, n, k])
 
-        spatial("pad", (Tn - L, B, H), pad)
+        by_work((Tn - L) * B * H, lambda: spatial("pad", (Tn - L, B, H), pad))
     return builder.get()

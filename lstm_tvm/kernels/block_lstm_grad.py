@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (K_SLAB, PANEL, ROW_TILE, T, cpu_variants, flat, gemm, kernel, padded,
-                       panel_scratch, panels, reduction, row_chunks, spatial, step_gemm,
-                       step_views, temp, time_loop, zero)
+from ._builder import (K_SLAB, PANEL, ROW_TILE, T, by_work, cpu_variants, flat, gemm, kernel,
+                       padded, panel_scratch, panels, reduction, row_chunks, spatial,
+                       step_gemm, step_views, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from .block_cell import peephole_grads
 
@@ -74,7 +74,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             T.buffer_store(dh, zero(), [n, k])
             T.buffer_store(dcs, zero(), [n, k])
 
-        spatial("state_init", (B, H), init_state)
+        by_work(B * H, lambda: spatial("state_init", (B, H), init_state))
         dh_views = step_views(dh, B)
         with time_loop(L, Tn, reverse=True) as vt:
 
@@ -100,7 +100,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             T.buffer_store(buf["cs_prev_grad"], store(dcs[n, k], dtype), [n, k])
             T.buffer_store(buf["h_prev_grad"], store(dh[n, k], dtype), [n, k])
 
-        spatial("state_grad_out", (B, H), state_out)
+        by_work(B * H, lambda: spatial("state_grad_out", (B, H), state_out))
     return builder.get()
 
 
@@ -221,8 +221,9 @@ def _x_grad_in_place(buf, sizes, dicfo, w_tx):
     rest = flat(buf["x_grad"], Tn * B - whole, first=whole, name="x_grad_rest")
     gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], w_tx, pad=False)
     gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j], w_tx)
-    spatial("x_grad_out", (Tn * B - whole, I), lambda r, k: T.buffer_store(
-        rest, tirx.if_then_else(whole + r < M, tail[r, k], zero()), [r, k]))
+    by_work((Tn * B - whole) * I, lambda: spatial(
+        "x_grad_out", (Tn * B - whole, I), lambda r, k: T.buffer_store(
+            rest, tirx.if_then_else(whole + r < M, tail[r, k], zero()), [r, k])))
 
 
 def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
