@@ -44,17 +44,19 @@ _POOL_SIZE = 256
 _COPY_BELOW = 16384
 
 
-def kernel_args(arrays, slot) -> list:
+def kernel_args(arrays, slot, unread=frozenset()) -> list:
     """TVM tensors reading ``arrays``: their own memory when the kernels can read it in place,
     else copies in the calling thread's staging buffers for ``slot`` (a hashable naming the
     call's configuration: every call with one ``slot`` passes arrays of the same shapes and
-    dtypes, in the same order; its buffers are reused by its next call in the thread)."""
+    dtypes, in the same order, and the same ``unread``; its buffers are reused by its next call
+    in the thread). ``unread``: positions of arrays the kernel never reads; a small one is
+    not copied (its tensor is a buffer of NaN: were it read after all, the outputs say so)."""
     pool = _pool("inputs")
     staged = pool.get(slot)
     if staged is None:
         if len(pool) > _POOL_SIZE:
             pool.clear()
-        staged = pool[slot] = _Staging(arrays)
+        staged = pool[slot] = _Staging(arrays, unread)
     out = list(staged.tensors)
     for i, view in staged.small:
         view[...] = arrays[i]  # same shape; the dtype differs at most in byte order
@@ -75,10 +77,13 @@ class _Staging:
     :data:`_COPY_BELOW` bytes) is always copied, reading its flags costs a copy's time; a large
     one gets a buffer only once it cannot be read in place."""
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, unread=frozenset()):
         small = [i for i, a in enumerate(arrays) if a.nbytes < _COPY_BELOW]
         buffers = {i: _buffer(arrays[i]) for i in small}
-        self.small = [(i, buffers[i][0]) for i in small]
+        for i in unread:
+            if i in buffers:
+                buffers[i][0].fill(np.nan)
+        self.small = [(i, buffers[i][0]) for i in small if i not in unread]
         self.large = [i for i in range(len(arrays)) if i not in buffers]
         self.tensors = [buffers[i][1] if i in buffers else None for i in range(len(arrays))]
         self._copies: dict[int, tuple] = {}

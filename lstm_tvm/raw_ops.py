@@ -36,6 +36,7 @@ from ._tvm import device_exists, missing_device_error, tvm
 from .api import CompiledOp
 from .api import compile as _compile
 from .api import output_tuple
+from .kernels import unread_inputs
 from .registry import CELL_GRAD_MATMUL, KERNEL_OPS, OPS, OpSpec
 from .validation import (check_seq_len_max, expected_output_shapes,
                          validate_attrs, validate_inputs)
@@ -122,7 +123,7 @@ def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
         dev = plan.compiled.device
         outs = plan.compiled(*seq_len, *(tvm.runtime.tensor(_native(a), dev) for a in tensors))
         return result(*(t.numpy() for t in outs))
-    args = kernel_args(tensors, plan)
+    args = kernel_args(tensors, plan, plan.unread)
     outputs, out_tensors = plan.layout.allocate(plan)
     try:
         plan.compiled.func(*seq_len, *args, *out_tensors)
@@ -135,8 +136,9 @@ def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
 class _Plan:
     """What the first call of a configuration settled: the compiled op (None when an input is
     empty), ``T`` to check ``seq_len_max`` against (None for cell ops), the tensor inputs in
-    kernel order, the outputs' layout, whether it runs on the CPU, and the compile cache's
-    generation it was made in."""
+    kernel order, the outputs' layout, whether it runs on the CPU, the compile cache's
+    generation it was made in, and the positions in ``tensors`` of inputs the kernel never
+    reads (see :func:`lstm_tvm.kernels.unread_inputs`; CPU only)."""
 
     compiled: CompiledOp | None
     T: int | None
@@ -144,6 +146,7 @@ class _Plan:
     layout: OutputLayout
     on_cpu: bool
     generation: int
+    unread: frozenset = frozenset()
 
 
 #: Plans by :func:`_plan_key`.
@@ -183,8 +186,13 @@ def _plan(op: OpSpec, arrays: dict, attrs, target, device) -> _Plan:
                         cell_size=sig.sizes["H"], device=device, **full)
     if not device_exists(compiled.device):
         raise missing_device_error(op.name, compiled.device, compiled.target)
-    return _Plan(compiled, T, tensors, layout, compiled.device.dlpack_device_type() == 1,
-                 generation)
+    on_cpu = compiled.device.dlpack_device_type() == 1
+    unread = frozenset()
+    if on_cpu:
+        skipped = unread_inputs(op.name, sig.dtype, sig.sizes["I"], sig.sizes["H"],
+                                tuple(sorted(full.items())))
+        unread = frozenset(i for i, name in enumerate(tensors) if name in skipped)
+    return _Plan(compiled, T, tensors, layout, on_cpu, generation, unread)
 
 
 class _Repeat:

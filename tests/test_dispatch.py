@@ -287,3 +287,33 @@ def test_a_call_unlike_the_last_is_planned_and_checked_anew(change, error):
     ref = reference.run(op_name, {k: _to_numpy(call[k]) for k in op.input_names}, attrs)
     for name in op.output_names:
         testing.assert_close(getattr(got, name), ref[name], "float32", f"{op_name}.{name}")
+
+
+@pytest.mark.parametrize("peephole", [False, True])
+@pytest.mark.parametrize("op_name", list(registry.KERNEL_OPS))
+def test_an_input_found_unread_does_not_change_the_outputs(op_name, peephole):
+    """``raw_ops`` copies no small input that ``kernels.unread_inputs`` finds unread: the
+    compiled kernel, given NaN there, must still match the reference on the real inputs."""
+    from lstm_tvm.kernels import unread_inputs
+    from lstm_tvm.validation import validate_attrs
+
+    op = registry.KERNEL_OPS[op_name]
+    attrs = {"use_peephole": peephole} if "use_peephole" in op.attr_names else {}
+    full = validate_attrs(op, attrs)
+    I, H, B, T = 6, 8, 3, 4
+    unread = unread_inputs(op_name, "float32", I, H, tuple(sorted(full.items())))
+    if op_name == "LSTMBlockCellGrad":  # TF reads x, h_prev, w and b for their shapes alone
+        assert {"x", "h_prev", "w", "b"} <= unread
+    if not unread:
+        return
+    inputs = testing.make_inputs(op_name, dtype="float32", B=B, I=I, H=H,
+                                 T=T if op.kind == "sequence" else None, seed=40, attrs=attrs)
+    compiled = lstm_tvm.compile(op_name, input_size=I, cell_size=H, **attrs)
+    args = {n: (v if n == "seq_len_max" else
+                tvm.runtime.tensor(np.full_like(v, np.nan) if n in unread else v))
+            for n, v in inputs.items()}
+    got = compiled(**args)
+    ref = reference.run(op_name, inputs, attrs) if op_name in registry.OPS else \
+        reference.cell_grad_matmul(*(inputs[n] for n in op.input_names))
+    for name, value in zip(op.output_names, got):
+        testing.assert_close(value.numpy(), ref[name], "float32", f"{op_name}.{name}")

@@ -1,7 +1,13 @@
 """Unscheduled TIR kernels, one builder per registry op, TF op or helper (see
-:data:`BUILDERS`), and :func:`kernel_func`, the unscheduled PrimFunc of an op."""
+:data:`BUILDERS`), :func:`kernel_func`, the unscheduled PrimFunc of an op, and
+:func:`unread_inputs`."""
+
+import functools
+
+from tvm.s_tir.analysis import detect_buffer_access_lca
 
 from ..registry import get_op
+from ._builder import cpu_kernels
 from .block_cell import lstm_block_cell, lstm_block_cell_grad
 from .block_lstm import block_lstm
 from .block_lstm_grad import block_lstm_grad
@@ -24,4 +30,22 @@ def kernel_func(op: str, dtype: str, input_size: int, cell_size: int, attrs: dic
     return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
 
 
-__all__ = ["BUILDERS", "kernel_func"]
+@functools.lru_cache(maxsize=256)
+def unread_inputs(op: str, dtype: str, input_size: int, cell_size: int,
+                  attrs: tuple) -> frozenset:
+    """The inputs that ``op``'s CPU kernel for this configuration (``attrs`` as sorted
+    ``(name, value)`` pairs) never reads: TF's op takes them for their shapes alone (the gates
+    of ``LSTMBlockCellGrad`` need no ``x`` or ``w``), or an attribute leaves them out (the
+    peepholes without ``use_peephole``). A caller may pass any tensor of the right shape and
+    dtype for them."""
+    with cpu_kernels(True):
+        func = kernel_func(op, dtype, input_size, cell_size, dict(attrs))
+    # Inputs are only read. TVM 0.27's parameters are the buffers themselves; a view of one
+    # (``flat``) declared on its data counts as an access of the parameter too.
+    accessed = list(detect_buffer_access_lca(func))
+    inputs = {spec.name for spec in get_op(op).inputs if spec.shape}  # not scalar inputs
+    return frozenset(param.name for param in func.params if param.name in inputs
+                     and not any(buffer.same_as(param) for buffer in accessed))
+
+
+__all__ = ["BUILDERS", "kernel_func", "unread_inputs"]
