@@ -43,8 +43,8 @@ STEP_BLOCK = "step"
 #: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
 #: :class:`GemmBlock`): a time step, or a chunk of :func:`row_chunks` with ``per_step``.
 LOOP_BODY = "lstm_tvm.loop_body"
-#: Block annotation of the blocks of :func:`by_work`'s small version: their loops stay on the
-#: calling thread.
+#: Block annotation of blocks whose loops stay on the calling thread: those of
+#: :func:`by_work`'s small versions, and small constant-size blocks (see :func:`spatial`).
 ONE_THREAD = "lstm_tvm.one_thread"
 #: Work (elements, see :func:`by_work`) below which blocks run on one thread: a launch of the
 #: thread pool costs more than it saves below it (the cell ops' gate math at H=256 on 2 cores:
