@@ -10,7 +10,7 @@ import tvm_ffi
 from lstm_tvm import build, registry, testing, validation
 from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
 from lstm_tvm.kernels import BUILDERS
-from lstm_tvm.kernels._builder import STEP_BLOCK
+from lstm_tvm.kernels._builder import STEP_BLOCK, TIME_STEP
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.cpu import team
 
@@ -98,12 +98,19 @@ def test_each_step_runs_two_parallel_loops_in_one_launch_per_sequence(op_name, s
     loops = _parallel_loops(step.body)
     assert len(loops) == len(versions) + 1  # the versions and the gate math
     assert all(team.BARRIER in loop.annotations for loop in loops)
-    launches = []
+    launches, steps = [], []
     tvm_ffi.structural_walk(scheduled.body, [(tirx.For, lambda node: launches.append(node)
                                               if team.LAUNCH_POINT in node.annotations
                                               else None)])
-    assert len(launches) == 1 and launches[0].kind == tirx.ForKind.SERIAL
-    assert launches[0].body.block.same_as(step)  # the time loop
+    tvm_ffi.structural_walk(scheduled.body, [(SBlock, lambda node: steps.append(node)
+                                              if TIME_STEP in node.annotations else None)])
+    # one launch per time loop: the forward has a second one, for sequences short enough to
+    # read w in place (block step_short)
+    assert len(steps) == (2 if op.direction == "forward" else 1)
+    assert len(launches) == len(steps)
+    assert all(loop.kind == tirx.ForKind.SERIAL for loop in launches)
+    assert any(loop.body.block.same_as(step) for loop in launches)  # this time loop
+    assert all(any(loop.body.block.same_as(s) for s in steps) for loop in launches)
 
 
 def test_a_step_with_a_serial_block_keeps_a_launch_per_loop():

@@ -13,8 +13,10 @@ import pytest
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
 from lstm_tvm._tvm import Schedule, tirx
+from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.kernels._builder import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
                                       SINGLE_ROWS_BELOW)
+from lstm_tvm.schedule.blocks import leaf_blocks, time_steps
 from lstm_tvm.validation import validate_attrs
 
 SEQ_OPS = [n for n, op in registry.OPS.items() if op.kind == "sequence"]
@@ -181,3 +183,34 @@ def test_the_sequence_ops_match_the_reference_on_both_sides_of_one_thread_work(o
         for name in registry.get_op(op_name).output_names:
             testing.assert_close(getattr(got, name), ref[name], "float32",
                                  f"{op_name}.{name} B={B}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op_name", ["BlockLSTM", "BlockLSTMV2"])
+def test_the_forward_matches_the_reference_on_both_sides_of_packing_w(op_name, dtype):
+    """Below ``PACK_FROM_ROWS`` rows (``seq_len_max * B``) the forward reads ``w`` in place,
+    from there it packs ``w`` into panels first."""
+    attrs = {"use_peephole": True, "cell_clip": 0.5}
+    for B in (1, 3):
+        edge = -(-PACK_FROM_ROWS // B)  # the fewest steps whose rows reach PACK_FROM_ROWS
+        for steps in (edge - 1, edge):
+            _check_forward(op_name, dtype, attrs, T=edge + 1, B=B, steps=steps)
+
+
+def _check_forward(op_name, dtype, attrs, *, T, B, steps):
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=8, H=16, T=T, seed=steps * B,
+                                 attrs=attrs)
+    inputs["seq_len_max"] = np.int64(steps)
+    got = getattr(lstm_tvm.raw_ops, op_name)(**inputs, **attrs)
+    ref = reference.run(op_name, inputs, attrs)
+    for name in registry.get_op(op_name).output_names:
+        testing.assert_close(getattr(got, name), ref[name], dtype,
+                             f"{op_name}.{name} rows={steps * B}")
+
+
+def test_a_short_sequence_reads_w_in_place():
+    sch = _schedule("BlockLSTMV2", 16)
+    names = {sch.get(b).name_hint for b in leaf_blocks(sch)}
+    assert {"w_panels", "xw_update", "xw_short_update", "gates_rows_short_update"} <= names
+    assert "w_panels_short" not in names
+    assert len(time_steps(sch)) == 2

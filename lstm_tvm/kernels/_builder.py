@@ -19,10 +19,11 @@ from ..registry import OpSpec
 from ._gates import ACC
 
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
-           "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "T", "by_work",
-           "capture_gemms", "cpu_kernels", "cpu_variants", "fixed_sizes", "flat", "gemm", "kernel",
-           "padded", "panel_scratch", "panels", "reduction", "row_chunks", "spatial", "step_gemm",
-           "step_views", "temp", "tensor_loads", "time_loop", "uses_var", "zero"]
+           "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "T",
+           "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "fixed_sizes",
+           "flat", "gemm", "kernel", "padded", "panel_scratch", "panels", "reduction",
+           "row_chunks", "spatial", "step_gemm", "step_views", "temp", "tensor_loads", "time_loop",
+           "uses_var", "version", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -38,8 +39,11 @@ FUSE_GROUP = "lstm_tvm.fuse_group"
 #: zero past the last row up to this multiple, so a schedule may block the reduction by any
 #: divisor of it without bounds checks.
 K_SLAB = 256
-#: Name of the block that holds one step of a sequence kernel's time loop (:func:`time_loop`).
+#: Name of the block that holds one step of a sequence kernel's time loop (:func:`time_loop`;
+#: a second :func:`version` of the loop adds its suffix).
 STEP_BLOCK = "step"
+#: Block annotation of every time step block (of each version).
+TIME_STEP = "lstm_tvm.time_step"
 #: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
 #: :class:`GemmBlock`): a time step, or a chunk of :func:`row_chunks` with ``per_step``.
 LOOP_BODY = "lstm_tvm.loop_body"
@@ -106,7 +110,10 @@ def capture_gemms():
 _GEMMS: contextvars.ContextVar[list | None] = contextvars.ContextVar("gemms", default=None)
 _STEPS: contextvars.ContextVar[object] = contextvars.ContextVar("steps", default=None)
 _IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("in_step", default=False)
-_ONE_THREAD: contextvars.ContextVar[bool] = contextvars.ContextVar("one_thread", default=False)
+#: The open :func:`version`: the suffix of block and scratch names, and whether its blocks run
+#: on one thread.
+_VERSION: contextvars.ContextVar[tuple[str, bool]] = contextvars.ContextVar(
+    "version", default=("", False))
 
 
 @contextlib.contextmanager
@@ -159,8 +166,9 @@ def time_loop(steps, extent, reverse: bool = False):
     :data:`STEP_BLOCK` per step; yields the step's time index (``0 .. steps-1``, or from
     ``steps-1`` down with ``reverse``), an opaque block iterator over ``extent``. Blocks
     emitted inside run once per step (GEMMs there are marked ``per_step``)."""
-    with T.serial(0, steps) as s, T.sblock(STEP_BLOCK):
+    with T.serial(0, steps) as s, T.sblock(_versioned(STEP_BLOCK)):
         vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
+        T.sblock_attr({TIME_STEP: True})
         with _loop_body(True):
             yield vt
 
@@ -302,14 +310,15 @@ def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
         m, n, k = (tirx.Var(f"gemm_{c}", "int64") for c in "mnk")
         a_major, a_dtype, _ = _operand(a(m, k), m, k)
         b_major, b_dtype, b_panel = _operand(b(k, n), k, n)
-        found.append(GemmBlock(name, *(_bind_steps(e) for e in (rows, N, K)),
+        found.append(GemmBlock(_versioned(name), *(bind_steps(e) for e in (rows, N, K)),
                                "mk" if a_major else "km", a_dtype,
                                "kp" if b_panel else "kn" if b_major else "nk", b_dtype,
                                _IN_STEP.get()))
 
 
-def _bind_steps(extent):
-    """``extent`` with ``seq_len_max`` replaced by ``T`` (under :func:`fixed_sizes`)."""
+def bind_steps(extent):
+    """``extent`` with ``seq_len_max`` replaced by ``T`` under :func:`fixed_sizes` (tuning
+    tasks, whose sequences run every step), else ``extent`` itself."""
     steps = _STEPS.get()
     if steps is None or isinstance(extent, int):
         return extent
@@ -480,31 +489,41 @@ def by_work(points, emit: Callable[[], None]) -> None:
         emit()
         return
     if isinstance(points, (int, tirx.IntImm)):
-        _emit_versioned(emit, int(points) < ONE_THREAD_BELOW)
+        if int(points) < ONE_THREAD_BELOW:
+            with version("_1t", one_thread=True):
+                emit()
+        else:
+            emit()
         return
     with T.If(points < ONE_THREAD_BELOW):
-        with T.Then():
-            _emit_versioned(emit, True)
+        with T.Then(), version("_1t", one_thread=True):
+            emit()
         with T.Else():
             emit()
 
 
-def _emit_versioned(emit: Callable[[], None], one_thread: bool) -> None:
-    token = _ONE_THREAD.set(one_thread)
+@contextlib.contextmanager
+def version(suffix: str, one_thread: bool = False):
+    """Emit a second version of blocks (the other branch of an ``if`` on the sizes): every
+    block and scratch emitted inside is named ``<name><suffix>`` (block names must be unique),
+    fusion groups and time steps included; with ``one_thread`` its blocks are marked
+    :data:`ONE_THREAD`. Versions nest."""
+    outer, alone = _VERSION.get()
+    token = _VERSION.set((outer + suffix, alone or one_thread))
     try:
-        emit()
+        yield
     finally:
-        _ONE_THREAD.reset(token)
+        _VERSION.reset(token)
 
 
 def _versioned(name: str) -> str:
-    """``name`` as the open :func:`by_work` version names it."""
-    return f"{name}_1t" if _ONE_THREAD.get() else name
+    """``name`` as the open :func:`version` names it."""
+    return name + _VERSION.get()[0]
 
 
 def _annotate(annotations: dict, one_thread: bool = False) -> None:
     """Annotate the open block with ``annotations`` (and :data:`ONE_THREAD` where it holds)."""
-    if one_thread or _ONE_THREAD.get():
+    if one_thread or _VERSION.get()[1]:
         annotations = {**annotations, ONE_THREAD: True}
     if annotations:
         T.sblock_attr(annotations)

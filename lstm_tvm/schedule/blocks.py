@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm.sym import Analyzer
 
 from .._tvm import SBlock, Schedule
-from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ONE_THREAD, STEP_BLOCK
+from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ONE_THREAD, TIME_STEP
 
 
 def leaf_blocks(sch: Schedule) -> list:
@@ -39,8 +39,24 @@ def in_loop_body(sch: Schedule, block) -> bool:
 
 
 def in_time_step(sch: Schedule, block) -> bool:
-    """Whether ``block`` lies inside a sequence kernel's time step (block ``STEP_BLOCK``)."""
-    return any(b.name_hint == STEP_BLOCK for b in _ancestors(sch, block))
+    """Whether ``block`` lies inside a sequence kernel's time step (a block ``STEP_BLOCK``, of
+    any version: marked ``TIME_STEP``)."""
+    return any(TIME_STEP in b.annotations for b in _ancestors(sch, block))
+
+
+def time_steps(sch: Schedule) -> list:
+    """The time step blocks of ``sch`` (one per version of the time loop)."""
+    found = []
+
+    def visit(parent):
+        for child in sch.get_child_blocks(parent):
+            if TIME_STEP in sch.get(child).annotations:
+                found.append(child)
+            else:
+                visit(child)
+
+    visit(sch.get_sblock("root"))
+    return found
 
 
 def one_thread(sch: Schedule, block) -> bool:

@@ -17,10 +17,8 @@ Where that does not hold the time loop keeps a launch per parallel loop.
 
 from __future__ import annotations
 
-from tvm.s_tir.schedule import ScheduleError
-
 from ..._tvm import Schedule, tirx
-from ...kernels._builder import STEP_BLOCK
+from ..blocks import time_steps
 
 #: Annotations of TVM's LLVM code generator (lowered from loop annotations to ``AttrStmt``).
 LAUNCH_POINT = "pragma_parallel_launch_point"
@@ -28,19 +26,16 @@ BARRIER = "pragma_parallel_barrier_when_finish"
 
 
 def launch_per_sequence(sch: Schedule) -> Schedule:
-    """``sch`` with its time loop (block ``STEP_BLOCK``'s) made one launch of the thread pool
-    where that is safe (see the module doc); the schedule is returned unchanged otherwise."""
-    try:
-        step = sch.get_sblock(STEP_BLOCK)
-    except ScheduleError:  # no time loop: the cell ops
-        return sch
-    time_loop = sch.get_loops(step)[-1]
-    parallel = _step_parallel_loops(sch, step)
-    if parallel is None:
-        return sch
-    sch.annotate(time_loop, LAUNCH_POINT, 1)
-    for loop in parallel:
-        sch.annotate(loop, BARRIER, 1)
+    """``sch`` with each time loop (a time step block's, one per version of the loop) made one
+    launch of the thread pool where that is safe (see the module doc), and left as it is
+    otherwise (the cell ops have none)."""
+    for step in time_steps(sch):
+        parallel = _step_parallel_loops(sch, step)
+        if parallel is None:
+            continue
+        sch.annotate(sch.get_loops(step)[-1], LAUNCH_POINT, 1)
+        for loop in parallel:
+            sch.annotate(loop, BARRIER, 1)
     return sch
 
 
