@@ -84,13 +84,13 @@ def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="
     """Run ``op_name`` (a TF op or a helper of :data:`lstm_tvm.registry.KERNEL_OPS`) on
     NumPy-convertible ``inputs`` with ``attrs`` on ``target`` (and ``device``, default: device
     0 of the target's kind); see the module doc."""
-    op, plan, arrays = _planned(op_name, inputs, attrs, target, device)
-    return _execute(op, plan, [arrays[n] for n in plan.tensors], arrays.get("seq_len_max"))
+    return _execute(*_planned(op_name, inputs, attrs, target, device))
 
 
 def _planned(op_name: str, inputs: Mapping, attrs, target, device):
-    """``(op, plan, arrays)`` for a call of :func:`run`: the inputs as NumPy arrays, and the
-    plan of their configuration (made, and checked fully, at its first call)."""
+    """``(op, plan, tensors, seq_len_max)`` for a call of :func:`run`: the plan of its
+    configuration (made, and checked fully, at its first call) and the arguments of
+    :func:`_execute` (the tensor inputs as NumPy arrays in kernel order)."""
     if op_name not in KERNEL_OPS:
         raise ValueError(f"unknown op {op_name!r}; expected one of {list(KERNEL_OPS)}")
     op = KERNEL_OPS[op_name]
@@ -109,7 +109,7 @@ def _planned(op_name: str, inputs: Mapping, attrs, target, device):
             if len(_plans) >= 256:
                 _plans.clear()
             _plans[key] = plan
-    return op, plan, arrays
+    return op, plan, [arrays[n] for n in plan.tensors], arrays.get("seq_len_max")
 
 
 def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
@@ -281,10 +281,10 @@ def _make(op: OpSpec):
                             f"{list(op.attr_names)}")
         inputs = {k: v for k, v in kwargs.items() if k in input_names}
         attrs = {k: v for k, v in kwargs.items() if k in attr_names}
-        _, plan, arrays = _planned(op.name, inputs, attrs, where.get("target", "llvm"),
-                                   where.get("device"))
-        last[0] = _Repeat.of(plan, call)
-        return _execute(op, plan, [arrays[n] for n in plan.tensors], arrays.get("seq_len_max"))
+        planned = _planned(op.name, inputs, attrs, where.get("target", "llvm"),
+                           where.get("device"))
+        last[0] = _Repeat.of(planned[1], call)
+        return _execute(*planned)
 
     params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
     params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,

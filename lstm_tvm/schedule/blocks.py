@@ -8,19 +8,16 @@ from .._tvm import SBlock, Schedule
 from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ONE_THREAD, TIME_STEP
 
 
+def _blocks(sch: Schedule, parent=None):
+    """Every block below ``parent`` (default: the root), each before its own blocks, in order."""
+    for child in sch.get_child_blocks(sch.get_sblock("root") if parent is None else parent):
+        yield child
+        yield from _blocks(sch, child)
+
+
 def leaf_blocks(sch: Schedule) -> list:
     """Every block of ``sch`` without child blocks (inside ``step`` blocks too), in order."""
-    out = []
-
-    def visit(parent):
-        for child in sch.get_child_blocks(parent):
-            if sch.get_child_blocks(child):
-                visit(child)
-            else:
-                out.append(child)
-
-    visit(sch.get_sblock("root"))
-    return out
+    return [block for block in _blocks(sch) if not sch.get_child_blocks(block)]
 
 
 def _ancestors(sch: Schedule, block):
@@ -46,21 +43,12 @@ def in_time_step(sch: Schedule, block) -> bool:
 
 def time_steps(sch: Schedule) -> list:
     """The time step blocks of ``sch`` (one per version of the time loop)."""
-    found = []
-
-    def visit(parent):
-        for child in sch.get_child_blocks(parent):
-            if TIME_STEP in sch.get(child).annotations:
-                found.append(child)
-            else:
-                visit(child)
-
-    visit(sch.get_sblock("root"))
-    return found
+    return [block for block in _blocks(sch) if TIME_STEP in sch.get(block).annotations]
 
 
 def one_thread(sch: Schedule, block) -> bool:
-    """Whether ``block`` runs on the calling thread alone (``by_work``'s small version)."""
+    """Whether ``block`` runs on the calling thread alone (marked ``ONE_THREAD``: a block of
+    ``by_work``'s small version, or a small constant-size one)."""
     return bool(sch.get(block).annotations.get(ONE_THREAD, False))
 
 
