@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import numbers
 
@@ -13,6 +14,7 @@ from ._args import AliasGuard, bind_inputs, kernel_error, out_list
 from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
                    resolve_target, tvm)
 from .cross_compile import is_cross
+from .kernels import WEIGHT_PACKS
 from .registry import DTYPES, KERNEL_OPS, get_op
 from .validation import (check_seq_len_max, expected_output_shapes, validate_attrs,
                          validate_inputs)
@@ -33,7 +35,7 @@ class CompiledOp:
     or by TF's keyword names); ``T`` and ``B`` may change from call to call. Outputs are
     allocated unless given as ``out=`` (a sequence in TF's output order whose tensors share
     memory with no other output and no input, else ``ValueError``). Inputs are checked like
-    ``raw_ops`` before the kernel runs.
+    ``raw_ops`` before the kernel runs. :meth:`bind` holds weights constant over many calls.
     """
 
     def __init__(self, spec: _build.BuildSpec, device=None):
@@ -57,6 +59,9 @@ class CompiledOp:
                        **dict.fromkeys(self.op.output_names, "output")}
         self._checked: dict[tuple, tuple[dict, dict]] = {}  # shapes and dtypes -> sizes, outputs
         self._last: tuple | None = None  # (inputs, outputs, sizes) of the last checked out= call
+        self._bound: dict = {}  # see bind
+        self._free = self.op.input_names  # the inputs a call takes
+        self._packs: tuple = ()  # the weight panels of a prepacked kernel
 
     @property
     def attrs(self) -> dict:
@@ -64,14 +69,69 @@ class CompiledOp:
 
     def __repr__(self) -> str:
         s = self.spec
+        bound = f", bound={sorted(self._bound)}" if self._bound else ""
         return (f"CompiledOp({s.op}, dtype={s.dtype}, input_size={s.input_size}, "
-                f"cell_size={s.cell_size}, attrs={self.attrs}, target={self.target.kind.name})")
+                f"cell_size={s.cell_size}, attrs={self.attrs}, target={self.target.kind.name}"
+                f"{bound})")
+
+    def bind(self, **constants) -> CompiledOp:
+        """This op with inputs held constant over its calls (ONNX Runtime's initializers,
+        Relax's ``BindParams``): typically ``w``, and ``b`` and the peepholes.
+
+        Each value (a TVM tensor or a NumPy array of the op's dtype and shape for this op's
+        sizes; any input whose shape has no ``T`` or ``B``) is copied now: later writes to it
+        are not seen. Where the kernel copies ``w`` into panels at every call (the sequence
+        ops), the returned op's kernel takes panels made here, once. Calls of the returned op
+        take the other inputs, positionally in TF's order or by name.
+        """
+        specs = {spec.name: spec for spec in self.op.inputs}
+        sizes = {"I": self.spec.input_size, "H": self.spec.cell_size}
+        held = {}
+        for name, value in constants.items():
+            spec = specs.get(name)
+            if name not in self._free or not _bindable(spec):
+                raise TypeError(f"{self.op.name}: bind() takes inputs whose shape has no T or B "
+                                f"({[n for n in self._free if _bindable(specs[n])]}), got "
+                                f"{name!r}")
+            held[name] = self._constant(name, value, spec.concrete_shape(sizes))
+        packs = "w" in held and self.op.name in WEIGHT_PACKS
+        spec = dataclasses.replace(self.spec, prepacked=True) if packs else self.spec
+        bound = CompiledOp(spec, self.device)
+        bound._bound = {**self._bound, **held}
+        bound._free = tuple(n for n in self.op.input_names if n not in bound._bound)
+        bound._packs = self._packs
+        if packs:
+            layout = WEIGHT_PACKS[self.op.name](self.spec.input_size, self.spec.cell_size)
+            bound._packs = tuple(tvm.runtime.empty(p.shape, "float32", self.device)
+                                 for p in layout)
+            if bound.module is not None:
+                bound.module[spec.pack_func_name](held["w"], *bound._packs)
+        return bound
+
+    def _constant(self, name: str, value, shape: tuple):
+        """A private copy of ``value`` for :meth:`bind`, checked against ``shape``."""
+        dtype = self.spec.dtype
+        if not isinstance(value, (tvm.runtime.Tensor, np.ndarray)):
+            raise TypeError(f"{self.op.name}: bind() input {name!r} expected a "
+                            f"tvm.runtime.Tensor or numpy.ndarray, got {type(value).__name__}")
+        if tuple(value.shape) != shape or str(value.dtype) != dtype:
+            raise ValueError(f"{self.op.name}: bind() input {name!r} expected "
+                             f"{dtype}{list(shape)}, got {value.dtype}{list(value.shape)}")
+        if isinstance(value, tvm.runtime.Tensor):
+            value = value.numpy()
+        return tvm.runtime.tensor(np.ascontiguousarray(value), self.device)
 
     def __call__(self, *args, out=None, **kwargs):
         """Run the op; returns a named tuple of TVM tensors (``out`` when given)."""
         if self.func is None:
             raise missing_device_error(self.op.name, self.device, self.target)
-        inputs = bind_inputs(self.op.name, self.op.input_names, args, kwargs)
+        inputs = bind_inputs(self.op.name, self._free, args, kwargs)
+        if self._bound:
+            if not self._bound.keys().isdisjoint(inputs):
+                raise TypeError(f"{self.op.name}: input(s) "
+                                f"{sorted(self._bound.keys() & inputs.keys())} are bound "
+                                f"(CompiledOp.bind); this op takes {list(self._free)}")
+            inputs.update(self._bound)
         args = [inputs.get(n) for n in self._tensors]
         last = self._last
         if (last is not None and out is not None and _same(last[0], args)
@@ -93,7 +153,7 @@ class CompiledOp:
                 tensor.copyfrom(np.zeros(tuple(tensor.shape), self.spec.dtype))
         else:
             try:
-                self.func(*args, *outputs)
+                self.func(*args, *outputs, *self._packs)
             except ValueError as err:  # the kernel's own argument checks
                 raise kernel_error(self.op.name, err, self._roles) from err
         return output_tuple(self.op.name)(*outputs)
@@ -198,6 +258,11 @@ def _checked_op(op_name):
     if op_name not in KERNEL_OPS:
         raise ValueError(f"unknown op {op_name!r}; expected one of {list(KERNEL_OPS)}")
     return KERNEL_OPS[op_name]
+
+
+def _bindable(spec) -> bool:
+    """Whether an input may be bound: a tensor whose shape depends on ``I`` and ``H`` alone."""
+    return bool(spec.shape) and not {"T", "B"} & set(spec.shape)
 
 
 def _same(a, b) -> bool:

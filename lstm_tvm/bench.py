@@ -12,6 +12,8 @@ What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones)
 
 - lstm_tvm: the :class:`~lstm_tvm.api.CompiledOp` call (with its input checks) on TVM tensors
   made beforehand, outputs reused with ``out=``; compiling is outside, reported as ``compile s``.
+  bound: the same with ``w`` bound (:meth:`~lstm_tvm.api.CompiledOp.bind`: the sequence ops'
+  weights packed once, outside the timed calls, as ONNX Runtime packs its initializers).
 - TF: the eager ``tf.raw_ops.<Op>(...)`` call on ``tf.constant`` inputs (eager dispatch, about
   tens of microseconds, is included; outputs are allocated by TF in every call).
 - PyTorch: ``nn.LSTM`` / ``nn.LSTMCell`` forward with autograd on (it saves what backward needs,
@@ -53,8 +55,8 @@ PEER_NAMES = {"lstm_tvm": "lstm_tvm", "tf": "TF", "torch": "torch", "ort": "ORT"
 #: capped at AVX2 through their environment variables.
 ISAS = {"native": ({}, None), "avx2": ({"ONEDNN_MAX_CPU_ISA": "AVX2",
                                          "ATEN_CPU_CAPABILITY": "avx2"}, "x86-64-v3")}
-#: Rows whose speed ratios against the peers are shown: lstm_tvm's two paths.
-OURS = ("lstm_tvm", "raw_ops")
+#: Rows whose speed ratios against the peers are shown: lstm_tvm's three paths.
+OURS = ("lstm_tvm", "bound", "raw_ops")
 
 
 def case_ops(case: str, v2: bool = False) -> tuple[str, ...]:
@@ -282,7 +284,8 @@ def render(report: dict) -> str:
           r.get("what", "-")) for r in rows], right=range(3, 13))
     notes = ["vs X = X's median time / this row's median (> 1: this row is faster); vs TF, "
              "torch and ORT on lstm_tvm and raw_ops rows; roofline = NumPy float32 GEMM of the "
-             "same FLOPs. lstm_tvm = CompiledOp on TVM tensors with out=; raw_ops = "
+             "same FLOPs. lstm_tvm = CompiledOp on TVM tensors with out=; bound = the same with w "
+             "bound (CompiledOp.bind: packed once, as ORT's initializers); raw_ops = "
              "lstm_tvm.raw_ops on NumPy arrays, TF and PyTorch imported in its process; ORT = "
              "ONNX Runtime's built-in LSTM op.",
              "min ms far below median ms: the calls were disturbed (other load on the cores).",

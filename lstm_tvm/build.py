@@ -23,8 +23,8 @@ from filelock import FileLock
 from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
-from .kernels import kernel_func
-from .kernels._builder import cpu_kernels
+from .kernels import WEIGHT_PACKS, kernel_func, pack_func, pack_func_name
+from .kernels._builder import cpu_kernels, prepacked
 from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,10 @@ class BuildSpec:
 
     ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON;
     ``tuned`` a sorted tuple of ``(block name, task, trace JSON)`` of the tuning records
-    replayed on GEMM blocks (empty: default schedules).
+    replayed on GEMM blocks (empty: default schedules). ``prepacked``: the kernel takes its
+    weight panels as parameters after its outputs, and the module has a second function,
+    :attr:`pack_func_name`, that fills them from ``w`` (see :mod:`lstm_tvm.kernels._weights`;
+    for an op that packs no weights the kernel is the same as without).
     """
 
     op: str
@@ -60,11 +63,19 @@ class BuildSpec:
     attrs: tuple
     target: str
     tuned: tuple = ()
+    prepacked: bool = False
 
     @property
     def func_name(self) -> str:
         """The exported function's name, ``lstm_tvm_<op>_<dtype>``."""
         return f"lstm_tvm_{self.op}_{self.dtype}"
+
+    @property
+    def pack_func_name(self) -> str | None:
+        """The name of the function filling a prepacked kernel's weight panels; None without
+        one (not prepacked, or an op that reads ``w`` in place)."""
+        packs = self.prepacked and self.op in WEIGHT_PACKS
+        return pack_func_name(self.op, self.dtype) if packs else None
 
     def digest(self) -> str:
         payload = json.dumps(
@@ -74,13 +85,14 @@ class BuildSpec:
 
 
 def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
-              target=None, tuned: bool = True) -> BuildSpec:
+              target=None, tuned: bool = True, prepacked: bool = False) -> BuildSpec:
     """A :class:`BuildSpec` with attrs normalised, the target resolved to its JSON and, with
     ``tuned``, the best matching tuning record of each GEMM block attached."""
     norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
     resolved = resolve_target(target)
     records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
-    return BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved), records)
+    return BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved),
+                     records, prepacked)
 
 
 def _tuned_records(op, dtype, input_size, cell_size, attrs, target) -> tuple:
@@ -114,7 +126,7 @@ def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
     target = resolve_target(json.loads(spec.target))
-    with cpu_kernels(str(target.kind.name) == "llvm"):
+    with cpu_kernels(str(target.kind.name) == "llvm"), prepacked(spec.prepacked):
         func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size,
                            dict(spec.attrs))
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
@@ -122,10 +134,23 @@ def primfunc(spec: BuildSpec, failures: list | None = None):
     return func.with_attr("global_symbol", spec.func_name)
 
 
+def primfuncs(spec: BuildSpec) -> dict:
+    """Every scheduled PrimFunc of ``spec``'s module by name: the kernel's (:func:`primfunc`),
+    and a prepacked kernel's weight packing."""
+    funcs = {spec.func_name: primfunc(spec)}
+    if spec.pack_func_name:
+        target = resolve_target(json.loads(spec.target))
+        with cpu_kernels(str(target.kind.name) == "llvm"):
+            func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size)
+        func = schedule_for(spec.op, func, target)
+        funcs[spec.pack_func_name] = func.with_attr("global_symbol", spec.pack_func_name)
+    return funcs
+
+
 def build(spec: BuildSpec):
     """Compile ``spec`` with ``tvm.compile``; returns the ``tvm.runtime.Executable``."""
     target = resolve_target(json.loads(spec.target))
-    mod = tvm.IRModule({spec.func_name: primfunc(spec)})
+    mod = tvm.IRModule(primfuncs(spec))
     with build_scope(target):  # CUDA: nvcc/NVRTC take the arch from the current target
         return tvm.compile(mod, target=target)
 

@@ -1,5 +1,6 @@
 """Unscheduled TIR kernels, one builder per registry op, TF op or helper (see
-:data:`BUILDERS`), :func:`kernel_func`, the unscheduled PrimFunc of an op, and
+:data:`BUILDERS`), :func:`kernel_func`, the unscheduled PrimFunc of an op,
+:func:`pack_func`, the function that packs an op's weights for its prepacked kernel, and
 :func:`unread_inputs`."""
 
 import functools
@@ -8,9 +9,10 @@ from tvm.s_tir.analysis import detect_buffer_access_lca
 
 from ..registry import get_op
 from ._builder import cpu_kernels
+from ._weights import pack_func_name, pack_kernel
 from .block_cell import lstm_block_cell, lstm_block_cell_grad
-from .block_lstm import block_lstm
-from .block_lstm_grad import block_lstm_grad
+from .block_lstm import block_lstm, weight_packs as forward_packs
+from .block_lstm_grad import block_lstm_grad, weight_packs as backward_packs
 from .cell_grad_matmul import cell_grad_matmul
 
 #: Registry op name -> builder ``(op, dtype, input_size, cell_size, attrs) -> PrimFunc``.
@@ -25,9 +27,27 @@ BUILDERS = {
 }
 
 
+#: Registry op name -> ``(input_size, cell_size) -> WeightPacks`` of the ops whose kernels pack
+#: ``w`` (see :mod:`._weights`); the other ops read it in place.
+WEIGHT_PACKS = {
+    "BlockLSTM": forward_packs,
+    "BlockLSTMV2": forward_packs,
+    "BlockLSTMGrad": backward_packs,
+    "BlockLSTMGradV2": backward_packs,
+}
+
+
 def kernel_func(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
     """The unscheduled PrimFunc of registry op ``op`` (see :data:`lstm_tvm.registry.KERNEL_OPS`)."""
     return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
+
+
+def pack_func(op: str, dtype: str, input_size: int, cell_size: int):
+    """The PrimFunc ``(w, *panels)`` (named :func:`pack_func_name`) that fills the weight
+    panels ``op``'s prepacked kernel takes; None for an op that reads ``w`` in place."""
+    packs = WEIGHT_PACKS.get(op)
+    return packs and pack_kernel(get_op(op), dtype, input_size, cell_size,
+                                 packs(input_size, cell_size))
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,4 +68,5 @@ def unread_inputs(op: str, dtype: str, input_size: int, cell_size: int,
                      and not any(buffer.same_as(param) for buffer in accessed))
 
 
-__all__ = ["BUILDERS", "kernel_func", "unread_inputs"]
+__all__ = ["BUILDERS", "WEIGHT_PACKS", "kernel_func", "pack_func", "pack_func_name",
+           "unread_inputs"]

@@ -21,9 +21,10 @@ from ._gates import ACC
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
            "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "T",
            "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "fixed_sizes",
-           "flat", "gemm", "kernel", "padded", "panel_scratch", "panels", "reduction",
-           "row_chunks", "spatial", "step_gemm", "step_views", "temp", "tensor_loads", "time_loop",
-           "uses_var", "version", "zero"]
+           "flat", "gemm", "input_align", "kernel", "padded", "panel_layout", "panel_scratch",
+           "panels", "prepacked", "prepacked_weights", "reduction", "row_chunks", "sizes_of",
+           "spatial", "step_gemm", "step_views", "temp", "tensor_loads", "time_loop", "uses_var",
+           "version", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -117,18 +118,21 @@ _VERSION: contextvars.ContextVar[tuple[str, bool]] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequence = ()):
+def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequence = (),
+           packs: Sequence = ()):
     """Open a PrimFunc for ``op`` (an :class:`OpSpec`, or any object with a ``name``); yields
     ``(buffers, sizes, builder)``.
 
     ``buffers`` maps every input and output name of the registry to its ``Buffer`` (or to a
     scalar ``Var`` for int64 scalars such as ``seq_len_max``); ``sizes`` maps ``T, B, I, H`` to
     the (symbolic or constant) sizes. ``params`` overrides the registry's tensor list (for
-    helpers that are not TF ops): a sequence of ``TensorSpec``. Call ``builder.get()`` after the
-    ``with`` block for the PrimFunc.
+    helpers that are not TF ops): a sequence of ``TensorSpec``. ``packs``: the kernel's
+    :class:`~._weights.WeightPack`\ s, float32 parameters after the outputs when it is built
+    :func:`prepacked`. Call ``builder.get()`` after the ``with`` block for the
+    PrimFunc.
     """
     sizes = {"T": tirx.Var("T", "int64"), "B": tirx.Var("B", "int64"),
-             **(_FIXED_SIZES.get() or {}), "I": input_size, "H": cell_size}
+             **(_FIXED_SIZES.get() or {}), **sizes_of(input_size, cell_size)}
     specs = list(params) if params else list(op.inputs) + list(op.outputs)
     inputs = [] if params else list(op.inputs)
     with IRBuilder() as builder:
@@ -142,11 +146,12 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                 else:
                     shape = spec.concrete_shape(sizes)
                     spec_dtype = dtype if spec.dtype == "T" else spec.dtype
-                    # 0: TVM's allocation alignment (64 bytes)
-                    align = (np.dtype(spec_dtype).itemsize
-                             if cpu_variants() and spec in inputs else 0)
+                    align = input_align(spec_dtype) if spec in inputs else 0
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
                         shape, spec_dtype, buffer_name=spec.name, align=align))
+            for pack in packs if prepacked_weights() else ():
+                buffers[pack.name] = T.arg(pack.name, T.Buffer(pack.shape, ACC,
+                                                               buffer_name=pack.name))
             if "seq_len_max" in buffers and _FIXED_SIZES.get():
                 _STEPS.set((buffers["seq_len_max"], sizes["T"]))
             if "seq_len_max" in buffers:
@@ -158,6 +163,17 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     yield buffers, sizes, builder
             else:
                 yield buffers, sizes, builder
+
+
+def sizes_of(input_size: int, cell_size: int) -> dict:
+    """The constant sizes of every kernel of ``I = input_size``, ``H = cell_size``."""
+    return {"I": input_size, "H": cell_size}
+
+
+def input_align(dtype: str) -> int:
+    """The alignment an input buffer of ``dtype`` declares: its element's size for a CPU
+    build (see :func:`cpu_variants`), else 0 (TVM's allocation alignment, 64 bytes)."""
+    return np.dtype(dtype).itemsize if cpu_variants() else 0
 
 
 @contextlib.contextmanager
@@ -250,7 +266,7 @@ def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
     apart, often a multiple of 4 KiB: those of one tile would all fall in one set of the L1
     cache and evict each other (docs/performance.md, "transposed weights").
     """
-    shape, at = _panel_layout(rows, cols)
+    shape, at = panel_layout(rows, cols)
     buf = temp(name, shape) if scratch is None else scratch
     if transpose and not cols % PANEL and isinstance(rows, int) and not rows % TRANSPOSE_TILE:
         tile = TRANSPOSE_TILE
@@ -271,10 +287,12 @@ def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
 
 def panel_scratch(name: str, rows: int, cols: int):
     """A float32 scratch for ``panels(..., scratch=)`` of that many rows and columns."""
-    return temp(name, _panel_layout(rows, cols)[0])
+    return temp(name, panel_layout(rows, cols)[0])
 
 
-def _panel_layout(rows: int, cols: int):
+def panel_layout(rows: int, cols: int):
+    """The shape of :func:`panels`' buffer for a ``(rows, cols)`` matrix, and its index map
+    ``(r, c) -> index``."""
     if cols % PANEL:
         return (rows, cols), lambda r, c: (r, c)
     return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
@@ -349,6 +367,24 @@ def cpu_kernels(enabled: bool):
         yield
     finally:
         _CPU_KERNELS.reset(token)
+
+
+_PREPACKED: contextvars.ContextVar[bool] = contextvars.ContextVar("prepacked", default=False)
+
+
+@contextlib.contextmanager
+def prepacked(enabled: bool):
+    """Build kernels that take their weight panels as parameters (see :mod:`._weights`)."""
+    token = _PREPACKED.set(enabled)
+    try:
+        yield
+    finally:
+        _PREPACKED.reset(token)
+
+
+def prepacked_weights() -> bool:
+    """Whether the kernel being built takes its weight panels as parameters."""
+    return _PREPACKED.get()
 
 
 def cpu_variants() -> bool:

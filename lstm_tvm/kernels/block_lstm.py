@@ -17,9 +17,10 @@ from __future__ import annotations
 from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
 from ._builder import (ROW_TILE, T, bind_steps, by_work, cpu_variants, flat, gemm, kernel,
-                       padded, panels, spatial, step_gemm, step_views, temp, time_loop, version,
-                       zero)
+                       padded, prepacked_weights, spatial, step_gemm, step_views, temp,
+                       time_loop, version, zero)
 from ._gates import ACC, CellConfig, f32, gate_offsets
+from ._weights import WeightPack, weight_panels
 from .block_cell import activation_scratch, cell_blocks
 
 #: The forward outputs, all (T, B, H).
@@ -30,16 +31,24 @@ OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
 PACK_FROM_ROWS = 16
 
 
+def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
+    """The forward's panels of ``w``, all ``I + H`` rows (block ``w_panels``)."""
+    return (WeightPack("w_panels", input_size + cell_size, 4 * cell_size,
+                       lambda w, k, j: w[k, j]),)
+
+
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
     """``BlockLSTM`` / ``BlockLSTMV2`` over ``seq_len_max`` steps; symbolic ``T`` and ``B``.
     CPU builds run sequences of fewer than :data:`PACK_FROM_ROWS` rows (``seq_len_max * B``)
     in a version reading ``w`` in place (blocks ``<name>_short``): packing it costs more than
-    it saves there."""
-    with kernel(op, dtype, input_size, cell_size) as (buf, size, builder):
+    it saves there (unless built prepacked: the panels are then a parameter)."""
+    packs = weight_packs(input_size, cell_size)
+    with kernel(op, dtype, input_size, cell_size, packs=packs) as (buf, size, builder):
         rows = bind_steps(buf["seq_len_max"] * size["B"])
-        if not cpu_variants() or isinstance(rows, (int, tirx.IntImm)):
-            # GPU builds; and tuning tasks (constant sizes): records are made for the packed
-            # version, the short one runs the default schedules
+        if (not cpu_variants() or isinstance(rows, (int, tirx.IntImm))
+                or prepacked_weights()):
+            # GPU builds; tuning tasks (constant sizes): records are made for the packed
+            # version, the short one runs the default schedules; prepacked: nothing to save
             _forward(op, dtype, input_size, cell_size, attrs, buf, size, packed=True)
         else:
             with T.If(rows >= PACK_FROM_ROWS):
@@ -71,7 +80,7 @@ def _forward(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dic
     gates, h_state = temp("gates", (padded(B), G)), temp("h_state", (padded(B), H))
     cs_state, cs_next = temp("cs_state", (B, H)), temp("cs_next", (B, H))
     acts = activation_scratch(B, H)
-    w = (panels("w_panels", I + H, G, lambda k, j: f32(buf["w"][k, j])) if packed
+    w = (weight_panels(buf, weight_packs(I, H)[0]) if packed
          else lambda k, j: f32(buf["w"][k, j]))
     if dtype == ACC:
         # The padded rows read the last row again (a clamped index: a guarded load in

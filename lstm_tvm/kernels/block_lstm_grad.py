@@ -23,6 +23,7 @@ from ._builder import (K_SLAB, PANEL, ROW_TILE, T, by_work, cpu_variants, flat, 
                        padded, panel_scratch, panels, reduction, row_chunks, spatial,
                        step_gemm, step_views, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
+from ._weights import WeightPack, weight_panels
 from .block_cell import peephole_grads
 
 #: Rows of ``x_grad`` a float16 sequence backward computes at a time (at most ``K_SLAB``:
@@ -50,23 +51,30 @@ def w_grad_chunk(input_size: int, cell_size: int) -> int:
     return next((rows for rows in (256, 128) if rows * row_bytes <= W_GRAD_PACKED_BYTES), 64)
 
 
+def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
+    """The backward's panels of ``w`` transposed: two matrices, not one ``(G, I+H)`` (a GEMM
+    operand whose row stride is wider than its columns ran half as fast, docs/performance.md,
+    "BlockLSTMGrad's transposed weights"); blocks ``w_t_x`` and ``w_t_h``."""
+    I, H = input_size, cell_size
+    return (WeightPack("w_t_x", 4 * H, I, lambda w, j, k: w[k, j], transpose=True),
+            WeightPack("w_t_h", 4 * H, H, lambda w, j, k: w[I + k, j], transpose=True))
+
+
 def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
     """``BlockLSTMGrad`` / ``BlockLSTMGradV2``; symbolic ``T`` and ``B``."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     peep = bool(attrs["use_peephole"])
-    with kernel(op, dtype, I, H) as (buf, size, builder):
+    packs = weight_packs(I, H)
+    with kernel(op, dtype, I, H, packs=packs) as (buf, size, builder):
         L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
         # Row t*B + n holds step t, batch row n; the spare rows feed padded GEMM rows.
         dicfo = temp("dicfo", (Tn * B + K_SLAB, G))
         dh, dcs, dcs_next = temp("dh", (padded(B), H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
         spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
-        # Two matrices, not one (G, I+H): a GEMM operand whose row stride is wider than its
-        # columns ran half as fast (docs/performance.md, "BlockLSTMGrad's transposed weights").
-        w_tx = panels("w_t_x", G, I, lambda j, k: f32(buf["w"][k, j]), transpose=True)
-        w_th = panels("w_t_h", G, H, lambda j, k: f32(buf["w"][I + k, j]), transpose=True)
+        w_tx, w_th = (weight_panels(buf, pack) for pack in packs)
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
             t > 0, f32(buf["cs"][t - 1, n, k]), f32(buf["cs_prev"][n, k]))
 
