@@ -67,8 +67,10 @@ class BuildSpec:
 
     @property
     def func_name(self) -> str:
-        """The exported function's name, ``lstm_tvm_<op>_<dtype>``."""
-        return f"lstm_tvm_{self.op}_{self.dtype}"
+        """The exported function's name, ``lstm_tvm_<op>_<dtype>`` (``..._prepacked`` for a
+        kernel that takes weight panels, so that a library can hold both)."""
+        suffix = "_prepacked" if self.pack_func_name else ""
+        return f"lstm_tvm_{self.op}_{self.dtype}{suffix}"
 
     @property
     def pack_func_name(self) -> str | None:

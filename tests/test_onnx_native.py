@@ -108,10 +108,12 @@ def test_block_lstm_v2_forward_backward_matches_tf(library, exports, dtype, seq_
                                            attrs=PEEPHOLE, with_functions=False)
     inputs = testing.make_inputs("BlockLSTMGradV2", dtype=dtype, B=B, I=I, H=H, T=T,
                                  seq_len_max=seq_len_max, attrs=PEEPHOLE, seed=seq_len_max)
+    packed = native.prepacked_count(library)
     session = _session(model, library, exports)
     copies = native.copy_count(library)
     out = run_session(session, inputs, align=True)
     assert native.copy_count(library) == copies  # every tensor passed in place
+    assert native.prepacked_count(library) == packed  # w is an input: packed at every call
     _check_pair("BlockLSTMV2", out, inputs, dtype, seq_len_max)
 
 
@@ -159,6 +161,27 @@ def test_registration_errors_raise(library, exports, tmp_path):
     options.add_session_config_entry(native.CONFIG_EXPORT_DIRS, str(tmp_path))
     with pytest.raises(Exception, match="manifest.json"):
         options.register_custom_ops_library(str(library))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_constant_w_is_packed_once_per_kernel(library, exports, dtype, tf):
+    """``w`` an initializer: the session's BlockLSTMV2 and BlockLSTMGradV2 kernels pack it once
+    and run the exports' prepacked kernels; calls with other inputs against TF and the
+    reference (``w`` a graph input: nothing packed, see the test above)."""
+    w = testing.make_inputs("BlockLSTMV2", dtype=dtype, B=1, I=I, H=H, T=1, seed=20)["w"]
+    model = lo.make_forward_backward_model("BlockLSTMV2", dtype, input_size=I, cell_size=H,
+                                           attrs=PEEPHOLE, with_functions=False,
+                                           initializers={"w": w})
+    packed = native.prepacked_count(library)
+    session = _session(model, library, exports)
+    assert native.prepacked_count(library) == packed + 2  # the forward's and the gradient's
+    for seq_len_max in (T, T - 2):
+        inputs = testing.make_inputs("BlockLSTMGradV2", dtype=dtype, B=B, I=I, H=H, T=T,
+                                     seq_len_max=seq_len_max, attrs=PEEPHOLE, seed=seq_len_max)
+        inputs["w"] = w
+        out = run_session(session, inputs, align=True)
+        _check_pair("BlockLSTMV2", out, inputs, dtype, seq_len_max)
+    assert native.prepacked_count(library) == packed + 2
 
 
 if __name__ == "__main__":

@@ -201,9 +201,41 @@ def test_pyop_route_never_aborts():
     assert seen["wrapper_good"] == "ok"
 
 
+@pytest.mark.parametrize("route", ["pyop", "function"])
+def test_weights_stored_as_initializers(route):
+    """``initializers=``: ``w`` and ``b`` are in the model, not fed, on every route."""
+    attrs = {"use_peephole": True}
+    inputs = _pair_inputs("BlockLSTMV2", seq_len_max=T - 1, attrs=attrs, seed=5)
+    model = lo.make_forward_backward_model(
+        "BlockLSTMV2", "float32", input_size=I, cell_size=H, attrs=attrs,
+        with_functions=route == "function", initializers={n: inputs[n] for n in ("w", "b")})
+    assert sorted(t.name for t in model.graph.initializer) == ["b", "w"]
+    session = open_session(model, route)
+    assert {i.name for i in session.get_inputs()}.isdisjoint({"w", "b"})
+    _check_pair("BlockLSTMV2", run_session(session, inputs), inputs, attrs)
+
+
+def test_initializers_are_checked():
+    inputs = testing.make_inputs("BlockLSTMV2", B=B, I=I, H=H, T=T)
+
+    def model(**initializers):
+        return lo.make_model("BlockLSTMV2", input_size=I, cell_size=H,
+                             initializers=initializers)
+
+    with pytest.raises(ValueError, match=r"expected inputs among \['w', 'wci', 'wcf', 'wco', "
+                                         r"'b'\] \(whose shape has no T or B\), got 'x'"):
+        model(x=inputs["x"])
+    with pytest.raises(ValueError, match=r"'w' expected float32\[11, 24\], got float32\[10, 24\]"):
+        model(w=inputs["w"][1:])
+    with pytest.raises(ValueError, match=r"'b' expected float32\[24\], got float64\[24\]"):
+        model(b=inputs["b"].astype(np.float64))
+
+
 def test_compare_routes_smoke(capsys):
     result = lort.compare_routes("LSTMBlockCellGrad", T=1, B=2, I=3, H=4, repeat=1)
-    assert set(result) - {"ort_native"} == {"tvm", "raw_ops", "ort_pyop", "ort_function"}
+    native = {"ort_native", "ort_native_w_init"}
+    assert set(result) - native == {"tvm", "raw_ops", "ort_pyop", "ort_function"}
+    assert not set(result) & native or set(result) >= native
     assert all(v > 0 for v in result.values())
     assert "ort_pyop" in capsys.readouterr().out
 

@@ -14,7 +14,12 @@ Layout (format :data:`FORMAT_VERSION`)::
                       "params": [{"name": "x", "role": "input", "kind": "tensor",
                                   "dtype": "float32", "shape": ["T", "B", 32],
                                   "dims": ["T", "B", "I"], "dynamic": [0, 1]}, ...],
-                      "onnx_model": "onnx/<Op>.onnx", "schedule_records": []}}}
+                      "onnx_model": "onnx/<Op>.onnx", "schedule_records": [],
+                      "prepacked": {"function": "lstm_tvm_<Op>_<dtype>_prepacked",
+                                    "pack_function": "lstm_tvm_<Op>_<dtype>_pack",
+                                    "panels": [{"name": "w_t_x", "role": "panel",
+                                                "kind": "tensor", "dtype": "float32",
+                                                "shape": [4, 128, 32]}, ...]}}}}
 
 ``params`` lists the function's parameters in call order: the op's inputs, then its outputs
 (TF's names and order). ``shape`` holds ints for static dims and the names ``"T"``/``"B"`` for
@@ -24,6 +29,12 @@ dynamic ones (one value per name across a call); ``dims`` is the registry's symb
 must check (the kernels do not). ``schedule_records`` lists the tuning records replayed on
 the op's GEMM blocks: ``{"block", "task", "trace"}`` with the task it was tuned as and
 MetaSchedule's JSON trace (empty: the rule-based schedules throughout).
+
+``prepacked`` (optional: the sequence ops of an export with prepacked kernels) names a second
+kernel that takes, after the outputs, the float32 ``panels`` into which the first one copies
+``w`` at every call, and the function ``pack_function(w, *panels)`` that fills them: call it
+once per set of weights, then the prepacked kernel as often as those weights stay the same
+(its ``w`` parameter is not read).
 """
 
 from __future__ import annotations
@@ -34,10 +45,11 @@ from collections.abc import Mapping, Sequence
 
 from .. import build as _build
 from .._tvm import tvm
+from ..kernels import WEIGHT_PACKS
 from ..registry import OpSpec, TensorSpec, eval_dim, get_op
 
 __all__ = ["ALIGNMENT", "DYNAMIC_DIMS", "FORMAT", "FORMAT_VERSION", "LIBRARY", "MANIFEST",
-           "dumps_manifest", "make_manifest", "signature"]
+           "dumps_manifest", "make_manifest", "prepacked_entry", "signature"]
 
 FORMAT = "lstm_tvm.export"
 #: Version of the manifest layout; bumped on incompatible changes.
@@ -79,8 +91,17 @@ def signature(op: OpSpec, dtype: str, input_size: int, cell_size: int) -> list[d
             + [_param(t, "output", dtype, sizes) for t in op.outputs])
 
 
+def prepacked_entry(spec: _build.BuildSpec) -> dict:
+    """The manifest's ``prepacked`` entry of a prepacked ``spec``."""
+    packs = WEIGHT_PACKS[spec.op](spec.input_size, spec.cell_size)
+    return {"function": spec.func_name, "pack_function": spec.pack_func_name,
+            "panels": [{"name": p.name, "role": "panel", "kind": "tensor", "dtype": "float32",
+                        "shape": list(p.shape)} for p in packs]}
+
+
 def make_manifest(specs: Sequence[_build.BuildSpec], library_sha256: str,
-                  onnx_models: Mapping[str, str]) -> dict:
+                  onnx_models: Mapping[str, str],
+                  prepacked: Mapping[str, _build.BuildSpec] | None = None) -> dict:
     """The manifest of a library holding ``specs`` (one target, dtype, ``I`` and ``H``).
 
     Parameters
@@ -91,6 +112,8 @@ def make_manifest(specs: Sequence[_build.BuildSpec], library_sha256: str,
         The library file's SHA-256 (hex); :func:`~.loader.load` checks it.
     onnx_models : mapping
         Op name -> the path of its ONNX model, relative to the folder.
+    prepacked : mapping, optional
+        Op name -> the spec of its prepacked kernel, also in the library.
     """
     from .. import __version__
 
@@ -104,6 +127,8 @@ def make_manifest(specs: Sequence[_build.BuildSpec], library_sha256: str,
             "params": signature(op, spec.dtype, spec.input_size, spec.cell_size),
             "onnx_model": onnx_models.get(spec.op), "schedule_records": schedule_records(spec),
         }
+        if spec.op in (prepacked or {}):
+            ops[spec.op]["prepacked"] = prepacked_entry(prepacked[spec.op])
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "library": LIBRARY, "library_sha256": library_sha256,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -14,6 +15,7 @@ from .. import build as _build
 from .._files import atomic_path
 from .._tvm import resolve_target, tvm
 from ..cross_compile import export_options
+from ..kernels import WEIGHT_PACKS
 from ..registry import DTYPES, OPS
 from ..validation import validate_attrs
 from .manifest import LIBRARY, MANIFEST, dumps_manifest, make_manifest
@@ -27,11 +29,15 @@ EXPORT_ATTRS = ("use_peephole", "forget_bias", "cell_clip")
 
 def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: str = "float32",
            input_size: int = 32, cell_size: int = 32, attrs: Mapping[str, object] | None = None,
-           onnx: bool = True, progress: bool | None = None) -> dict:
+           onnx: bool = True, prepacked: bool = True, progress: bool | None = None) -> dict:
     """Compile ``ops`` into one library in ``out_dir``, with its manifest; returns the manifest.
 
     Every op's scheduled PrimFunc (:func:`lstm_tvm.build.primfunc`) goes into one ``IRModule``
     compiled once; the library is written atomically (a temporary file renamed into place).
+    With ``prepacked``, the ops that copy ``w`` into panels at every call (the sequence ops)
+    also get a kernel taking the panels and the function that makes them (the manifest's
+    ``prepacked`` entry): ONNX Runtime's native route packs a ``w`` that is an initializer
+    once per session.
 
     Parameters
     ----------
@@ -49,6 +55,8 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
         others keep TF's defaults; ``use_peephole`` defaults to False (also for the grad ops).
     onnx : bool
         Also write ``onnx/<Op>.onnx``.
+    prepacked : bool
+        Also compile the prepacked kernels (see above).
     progress : bool, optional
         Show a progress bar on stderr; default: only when stderr is a terminal.
     """
@@ -56,15 +64,17 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
 
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
     link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
+    packed = {spec.op: dataclasses.replace(spec, prepacked=True) for spec in specs
+              if prepacked and spec.op in WEIGHT_PACKS}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(specs) + 2 + bool(onnx), desc="export", unit="step", file=sys.stderr,
-               disable=None if progress is None else not progress, leave=False)
+    bar = tqdm(total=len(specs) + len(packed) + 2 + bool(onnx), desc="export", unit="step",
+               file=sys.stderr, disable=None if progress is None else not progress, leave=False)
     with bar:
         funcs = {}
-        for spec in specs:
-            bar.set_postfix_str(f"scheduling {spec.op}")
-            funcs[spec.func_name] = _build.primfunc(spec)
+        for spec in [*specs, *packed.values()]:
+            bar.set_postfix_str(f"scheduling {spec.op}{' prepacked' if spec.prepacked else ''}")
+            funcs.update(_build.primfuncs(spec))
             bar.update()
         bar.set_postfix_str(f"compiling {len(funcs)} functions")
         executable = tvm.compile(tvm.IRModule(funcs), target=resolve_target(specs[0].target))
@@ -75,7 +85,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
             bar.set_postfix_str("writing ONNX models")
             models = _write_onnx(specs, out)
             bar.update()
-        manifest = make_manifest(specs, sha256, models)
+        manifest = make_manifest(specs, sha256, models, packed)
         (out / MANIFEST).write_text(dumps_manifest(manifest))
         (out / "README.txt").write_text(readme_text(manifest))
         bar.update()

@@ -15,7 +15,11 @@
 // outputs are passed to the TVM function in place as DLTensors (zero copies) when their data
 // is 64-byte aligned, which is what the kernels need and what ONNX Runtime's CPU allocator
 // gives; a misaligned buffer (e.g. a NumPy array fed from Python) is copied through an aligned
-// one, counted by lstm_tvm_ort_copy_count(). Every failure (no matching export, a missing or
+// one, counted by lstm_tvm_ort_copy_count(). Where an export has a prepacked kernel (the
+// manifest's "prepacked": the sequence ops) and the node's w is a constant initializer, the
+// kernel packs w into that kernel's panels once, when ONNX Runtime creates it, and calls the
+// prepacked kernel from then on (counted by lstm_tvm_ort_prepacked_count()), as ONNX Runtime's
+// own LSTM packs its weights once per session. Every failure (no matching export, a missing or
 // mistyped attribute, a wrong rank or shape, seq_len_max outside [0, T], a TVM error) is an
 // OrtStatus: ONNX Runtime raises it, nothing aborts.
 //
@@ -64,6 +68,7 @@ constexpr size_t kAlignment = 64;  // TVM's allocation alignment; the kernels as
 
 const OrtApi* g_api = nullptr;
 std::atomic<int64_t> g_copies{0};
+std::atomic<int64_t> g_prepacked{0};
 
 // An error that becomes an OrtStatus with this code.
 struct OrtError : std::runtime_error {
@@ -137,6 +142,12 @@ struct ExportedOp {
   std::vector<Param> params;
   std::vector<Attr> attrs;
   ffi::Function func;
+  // The prepacked kernel, the function packing w into its panels, the panels' shapes (float32)
+  // and the index of w among the inputs; none without a "prepacked" entry.
+  bool has_prepacked = false;
+  ffi::Function prepacked, pack;
+  std::vector<std::vector<int64_t>> panels;
+  size_t w_input = 0;
   std::string Describe() const {
     std::string s = dir + " (";
     for (const Param& p : params) {
@@ -204,6 +215,12 @@ Attr ParseAttr(const std::string& name, const ffi::Any& v) {
   return a;
 }
 
+ffi::Function Function(const ffi::Module& mod, const std::string& dir, const std::string& name) {
+  ffi::Optional<ffi::Function> func = mod->GetFunction(ffi::String(name));
+  if (!func.has_value()) Fail(dir + ": function " + name + " missing from the library");
+  return *func;
+}
+
 // Loaded libraries, by folder; kept for the life of the process (kernels point into them).
 std::mutex g_mutex;
 std::map<std::string, std::vector<std::shared_ptr<const ExportedOp>>> g_loaded;
@@ -233,9 +250,7 @@ std::vector<std::shared_ptr<const ExportedOp>> LoadExport(const std::string& dir
     op->dir = dir;
     JsonObject entry = kv.second.cast<JsonObject>();
     op->function = Str(entry.at("function"));
-    ffi::Optional<ffi::Function> func = mod->GetFunction(ffi::String(op->function));
-    if (!func.has_value()) Fail(dir + ": function " + op->function + " missing from the library");
-    op->func = *func;
+    op->func = Function(mod, dir, op->function);
     for (const auto& a : entry.at("attrs").cast<JsonObject>()) {
       op->attrs.push_back(ParseAttr(Str(a.first), a.second));
     }
@@ -254,6 +269,25 @@ std::vector<std::shared_ptr<const ExportedOp>> LoadExport(const std::string& dir
         param.hi = ParseDim(bounds[1]);
       }
       op->params.push_back(std::move(param));
+    }
+    if (auto packed = entry.Get(ffi::String("prepacked"))) {
+      JsonObject p = packed->cast<JsonObject>();
+      op->has_prepacked = true;
+      op->prepacked = Function(mod, dir, Str(p.at("function")));
+      op->pack = Function(mod, dir, Str(p.at("pack_function")));
+      for (const ffi::Any& panel : p.at("panels").cast<JsonArray>()) {
+        std::vector<int64_t> shape;
+        for (const ffi::Any& d : panel.cast<JsonObject>().at("shape").cast<JsonArray>()) {
+          shape.push_back(d.cast<int64_t>());
+        }
+        op->panels.push_back(std::move(shape));
+      }
+      size_t k = 0;
+      for (const Param& param : op->params) {
+        if (!param.input) continue;
+        if (param.name == "w") op->w_input = k;
+        ++k;
+      }
     }
     ops.push_back(std::move(op));
   }
@@ -336,28 +370,97 @@ size_t NumBytes(const std::vector<int64_t>& shape, DLDataType dtype) {
 
 alignas(kAlignment) char g_empty[kAlignment];  // the data of zero-size tensors
 
+// The element type, shape and data of a tensor ONNX Runtime hands over.
+Input ReadInput(const OrtValue* value) {
+  Input in;
+  in.value = value;
+  OrtTensorTypeAndShapeInfo* info = nullptr;
+  Check(g_api->GetTensorTypeAndShape(value, &info), "input shape");
+  size_t rank = 0;
+  OrtStatus* st = g_api->GetTensorElementType(info, &in.type);
+  if (st == nullptr) st = g_api->GetDimensionsCount(info, &rank);
+  in.shape.resize(rank);
+  if (st == nullptr && rank) st = g_api->GetDimensions(info, in.shape.data(), rank);
+  g_api->ReleaseTensorTypeAndShapeInfo(info);
+  Check(st, "input shape");
+  Check(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &in.data), "input data");
+  return in;
+}
+
+DLTensor CpuTensor(void* data, const std::vector<int64_t>& shape, DLDataType dtype) {
+  DLTensor t{};
+  t.data = data;
+  t.device = DLDevice{kDLCPU, 0};
+  t.ndim = static_cast<int32_t>(shape.size());
+  t.dtype = dtype;
+  t.shape = const_cast<int64_t*>(shape.data());
+  return t;
+}
+
+// The weight panels of one export's prepacked kernel, made from a constant w.
+struct Panels {
+  Scratch memory;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<DLTensor> tensors;
+};
+
+// The panels of `op`'s prepacked kernel made from the node's w when it is a constant
+// initializer of the shape and element type `op` takes; else null (w is then an input that may
+// change from call to call, and the kernel packs it at every call).
+std::unique_ptr<Panels> PackConstantW(const OrtKernelInfo* info, const ExportedOp& op) {
+  int is_constant = 0;
+  const OrtValue* value = nullptr;
+  OrtStatus* st = g_api->KernelInfoGetConstantInput_tensor(info, op.w_input, &is_constant, &value);
+  if (st != nullptr) {
+    g_api->ReleaseStatus(st);
+    return nullptr;
+  }
+  if (!is_constant || value == nullptr) return nullptr;
+  Input w = ReadInput(value);
+  const Param* param = nullptr;
+  for (const Param& p : op.params) {
+    if (p.input && p.name == "w") param = &p;
+  }
+  if (param == nullptr || w.type != param->ort_type || w.shape.size() != param->shape.size()) {
+    return nullptr;
+  }
+  for (size_t a = 0; a < w.shape.size(); ++a) {
+    if (w.shape[a] != param->shape[a].value) return nullptr;  // another export's I or H
+  }
+  auto panels = std::make_unique<Panels>();
+  size_t nbytes = NumBytes(w.shape, param->dtype);
+  void* data = w.data;
+  if (!Aligned(data)) {
+    data = panels->memory.Get(nbytes);
+    std::memcpy(data, w.data, nbytes);
+  }
+  DLTensor w_tensor = CpuTensor(data, w.shape, param->dtype);
+  const DLDataType f32{kDLFloat, 32, 1};
+  panels->shapes = op.panels;
+  for (const std::vector<int64_t>& shape : panels->shapes) {
+    panels->tensors.push_back(CpuTensor(panels->memory.Get(NumBytes(shape, f32)), shape, f32));
+  }
+  std::vector<ffi::AnyView> args{&w_tensor};
+  for (DLTensor& t : panels->tensors) args.emplace_back(&t);
+  ffi::Any result;
+  op.pack.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
+  return panels;
+}
+
 struct Kernel {
   std::string op_name, node_name;
   std::vector<std::shared_ptr<const ExportedOp>> candidates;  // same op, dtype and attributes
+  std::map<const ExportedOp*, std::unique_ptr<Panels>> packed;  // candidates with a constant w
 
   void Compute(OrtKernelContext* ctx) const {
     size_t n_in = 0;
     Check(g_api->KernelContext_GetInputCount(ctx, &n_in), "input count");
     std::vector<Input> inputs(n_in);
     for (size_t k = 0; k < n_in; ++k) {
-      Input& in = inputs[k];
-      Check(g_api->KernelContext_GetInput(ctx, k, &in.value), "input");
-      if (in.value == nullptr) Fail("input " + std::to_string(k) + " is missing");
-      OrtTensorTypeAndShapeInfo* info = nullptr;
-      Check(g_api->GetTensorTypeAndShape(in.value, &info), "input shape");
-      size_t rank = 0;
-      OrtStatus* st = g_api->GetTensorElementType(info, &in.type);
-      if (st == nullptr) st = g_api->GetDimensionsCount(info, &rank);
-      in.shape.resize(rank);
-      if (st == nullptr && rank) st = g_api->GetDimensions(info, in.shape.data(), rank);
-      g_api->ReleaseTensorTypeAndShapeInfo(info);
-      Check(st, "input shape");
-      Check(g_api->GetTensorMutableData(const_cast<OrtValue*>(in.value), &in.data), "input data");
+      const OrtValue* value = nullptr;
+      Check(g_api->KernelContext_GetInput(ctx, k, &value), "input");
+      if (value == nullptr) Fail("input " + std::to_string(k) + " is missing");
+      inputs[k] = ReadInput(value);
     }
     // the export whose static dims (I, H) fit
     const ExportedOp* op = nullptr;
@@ -379,6 +482,8 @@ struct Kernel {
 
   void Run(const ExportedOp& op, const std::vector<Input>& inputs, const Dims& dims,
            OrtKernelContext* ctx) const {
+    auto found = packed.find(&op);
+    const Panels* panels = found == packed.end() ? nullptr : found->second.get();
     std::vector<DLTensor> tensors(op.params.size());
     std::vector<std::vector<int64_t>> shapes(op.params.size());
     std::vector<ffi::AnyView> args(op.params.size());
@@ -431,18 +536,16 @@ struct Kernel {
           ++g_copies;
         }
       }
-      DLTensor& t = tensors[k];
-      t.data = data;
-      t.device = DLDevice{kDLCPU, 0};
-      t.ndim = static_cast<int32_t>(shapes[k].size());
-      t.dtype = p.dtype;
-      t.shape = shapes[k].data();
-      t.strides = nullptr;
-      t.byte_offset = 0;
-      args[k] = &t;
+      tensors[k] = CpuTensor(data, shapes[k], p.dtype);
+      args[k] = &tensors[k];
     }
     ffi::Any result;
-    op.func.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
+    if (panels != nullptr) {  // read only here: calls may run concurrently
+      for (const DLTensor& t : panels->tensors) args.emplace_back(const_cast<DLTensor*>(&t));
+      op.prepacked.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
+    } else {
+      op.func.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
+    }
     for (const auto& [dst, t] : copy_back) {
       std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
       std::memcpy(dst, t->data, NumBytes(shape, t->dtype));
@@ -549,6 +652,13 @@ struct LstmOp : OrtCustomOp {
     if (kernel->candidates.empty()) {
       Fail("node " + kernel->node_name + ": no loaded export has this node's attributes:" + why);
     }
+    for (const auto& e : kernel->candidates) {
+      if (!e->has_prepacked) continue;
+      if (auto panels = PackConstantW(info, *e)) {
+        kernel->packed[e.get()] = std::move(panels);
+        ++g_prepacked;
+      }
+    }
     return kernel.release();
   }
 };
@@ -631,6 +741,11 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 
 // How many tensors were copied through an aligned buffer (misaligned data) since loading.
 __attribute__((visibility("default"))) int64_t lstm_tvm_ort_copy_count() { return g_copies; }
+
+// How many kernels packed a constant w for a prepacked kernel since loading.
+__attribute__((visibility("default"))) int64_t lstm_tvm_ort_prepacked_count() {
+  return g_prepacked;
+}
 
 // The ORT_API_VERSION of the headers this library was built with.
 __attribute__((visibility("default"))) int32_t lstm_tvm_ort_api_version() {

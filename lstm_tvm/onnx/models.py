@@ -7,6 +7,10 @@
 - :func:`make_forward_backward_model`: a forward op feeding its grad op (``cs_grad``,
   ``h_grad`` are graph inputs; the forward's and the grad's outputs are graph outputs).
 
+Both take ``initializers``: weights stored in the model instead of fed at every run (the
+native ONNX Runtime route packs a ``w`` initializer once per session, as ONNX Runtime's own
+``LSTM`` does).
+
 Models import ``ai.onnx`` opset :data:`~.domain.ONNX_OPSET` and :data:`~.domain.DOMAIN` version
 :data:`~.domain.DOMAIN_VERSION`, with IR version :data:`~.domain.IR_VERSION` (onnxruntime 1.31
 refuses onnx 1.23's defaults). Call :func:`~.schema.register_schemas` before
@@ -17,8 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..registry import OpSpec, TensorSpec, get_op
 from .domain import DOMAIN, DOMAIN_VERSION, IR_VERSION, ONNX_OPSET, elem_type, onnx_attrs
@@ -76,11 +81,36 @@ def value_info(spec: TensorSpec, dtype, dims: Mapping[str, int | str]) -> onnx.V
     return helper.make_tensor_value_info(spec.name, elem, [dims[s] for s in spec.shape])
 
 
+def _initializers(graph_inputs: Sequence[TensorSpec], values: Mapping[str, object], dtype,
+                  dims: Mapping) -> list[onnx.TensorProto]:
+    """``values`` as initializers of the graph inputs they name, checked: an input whose shape
+    has no ``T`` or ``B``, of its shape and of ``dtype``."""
+    specs = {t.name: t for t in graph_inputs}
+    allowed = [n for n, t in specs.items() if t.shape and not {"T", "B"} & set(t.shape)]
+    out = []
+    for name, value in values.items():
+        if name not in allowed:
+            raise ValueError(f"initializers: expected inputs among {allowed} (whose shape has "
+                             f"no T or B), got {name!r}")
+        value = np.asarray(value)
+        spec = specs[name]
+        shape = tuple(dims[d] for d in spec.shape)
+        want = dtype if spec.dtype == "T" else spec.dtype
+        if value.shape != shape or value.dtype != np.dtype(want):
+            raise ValueError(f"initializers: {name!r} expected {want}{list(shape)}, got "
+                             f"{value.dtype}{list(value.shape)}")
+        out.append(numpy_helper.from_array(value, name))
+    return out
+
+
 def _model(op_specs: Sequence[OpSpec], nodes, graph_inputs, graph_outputs, dtype, dims,
-           with_functions: bool, name: str) -> onnx.ModelProto:
+           with_functions: bool, name: str,
+           initializers: Mapping[str, object] | None = None) -> onnx.ModelProto:
+    stored = _initializers(graph_inputs, initializers or {}, dtype, dims)
     graph = helper.make_graph(
-        nodes, name, [value_info(t, dtype, dims) for t in graph_inputs],
-        [value_info(t, dtype, dims) for t in graph_outputs])
+        nodes, name, [value_info(t, dtype, dims) for t in graph_inputs
+                      if t.name not in (initializers or {})],
+        [value_info(t, dtype, dims) for t in graph_outputs], stored)
     model = helper.make_model(graph, opset_imports=opset_imports(), ir_version=IR_VERSION,
                               producer_name="lstm_tvm")
     if with_functions:
@@ -90,7 +120,8 @@ def _model(op_specs: Sequence[OpSpec], nodes, graph_inputs, graph_outputs, dtype
 
 def make_model(op_name: str, dtype="float32", *, input_size: int, cell_size: int,
                attrs: Mapping[str, object] | None = None, with_functions: bool = True,
-               seq_len: int | str = "T", batch: int | str = "B") -> onnx.ModelProto:
+               seq_len: int | str = "T", batch: int | str = "B",
+               initializers: Mapping[str, object] | None = None) -> onnx.ModelProto:
     """A model with one ``op_name`` node; graph inputs/outputs are the op's (TF names).
 
     Parameters
@@ -107,23 +138,29 @@ def make_model(op_name: str, dtype="float32", *, input_size: int, cell_size: int
         Attach the op's ONNX function (:mod:`.functions`) to the model.
     seq_len, batch : int or str
         The ``T`` and ``B`` dims: a name (symbolic, default) or an int.
+    initializers : mapping, optional
+        Input name -> array: those inputs (``w``, ``b``, the peepholes: any whose shape has no
+        ``T`` or ``B``) are stored in the model as initializers, not graph inputs.
     """
     op = get_op(op_name)
     dims = _dims(input_size, cell_size, seq_len, batch)
     node = make_node(op.name, name=op.name, **dict(attrs or {}))
     return _model([op], [node], op.inputs, op.outputs, dtype, dims, with_functions,
-                  f"lstm_tvm_{op.name}")
+                  f"lstm_tvm_{op.name}", initializers)
 
 
 def make_forward_backward_model(fwd_op: str, dtype="float32", *, input_size: int,
                                 cell_size: int, attrs: Mapping[str, object] | None = None,
                                 with_functions: bool = True, seq_len: int | str = "T",
-                                batch: int | str = "B") -> onnx.ModelProto:
+                                batch: int | str = "B",
+                                initializers: Mapping[str, object] | None = None
+                                ) -> onnx.ModelProto:
     """A forward op (``LSTMBlockCell``, ``BlockLSTM``, ``BlockLSTMV2``) feeding its grad op.
 
     Graph inputs: the forward's inputs, then ``cs_grad`` and ``h_grad``; graph outputs: the
     forward's outputs, then the grad's. ``attrs`` are the forward's; the grad op gets the same
-    ``use_peephole`` (TF's default if not given). Other parameters as :func:`make_model`.
+    ``use_peephole`` (TF's default if not given). Other parameters as :func:`make_model`
+    (``initializers`` feed both ops).
     """
     fwd = get_op(fwd_op)
     if fwd.direction != "forward":
@@ -139,4 +176,4 @@ def make_forward_backward_model(fwd_op: str, dtype="float32", *, input_size: int
     dims = _dims(input_size, cell_size, seq_len, batch)
     return _model([fwd, bwd], [fwd_node, bwd_node], fwd.inputs + tuple(extra_inputs),
                   fwd.outputs + bwd.outputs, dtype, dims, with_functions,
-                  f"lstm_tvm_{fwd.name}_{bwd.name}")
+                  f"lstm_tvm_{fwd.name}_{bwd.name}", initializers)

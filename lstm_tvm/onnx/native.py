@@ -49,6 +49,7 @@ __all__ = [
     "build_library",
     "copy_count",
     "ort_include_dir",
+    "prepacked_count",
     "session_options",
 ]
 
@@ -213,9 +214,19 @@ def aligned_copy(array):
 
 def copy_count(library) -> int:
     """How many tensors the loaded ``library`` copied through an aligned buffer so far."""
+    return _counter(library, "lstm_tvm_ort_copy_count")
+
+
+def prepacked_count(library) -> int:
+    """How many of the loaded ``library``'s kernels packed a constant ``w`` (an initializer)
+    once for a prepacked kernel so far."""
+    return _counter(library, "lstm_tvm_ort_prepacked_count")
+
+
+def _counter(library, symbol: str) -> int:
     import ctypes
 
-    fn = ctypes.CDLL(str(library)).lstm_tvm_ort_copy_count
+    fn = getattr(ctypes.CDLL(str(library)), symbol)
     fn.restype = ctypes.c_int64
     return int(fn())
 

@@ -37,6 +37,7 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -251,29 +252,38 @@ def _no_spinning(onnxruntime):
     return options
 
 
-def _native_route(op_name, dtype, I, H, attrs, model, inputs, options):
+def _native_routes(op_name, dtype, I, H, attrs, inputs, options: Callable) -> dict:
     """``session.run`` of the native library on an export of ``op_name`` in a temporary
-    folder (64-byte aligned feeds, as onnxruntime allocates), or None when it cannot be built."""
+    folder (64-byte aligned feeds, as onnxruntime allocates): ``ort_native`` with every input
+    fed, ``ort_native_w_init`` with ``w`` an initializer (packed once where the op packs it);
+    none when the library cannot be built. ``options()`` makes each session's options."""
     import tempfile
 
     import onnxruntime
 
     from ..export import export
     from . import native
+    from .models import make_model
 
     try:
         library = native.build_library()
     except FileNotFoundError as err:
         print(f"ort_native: not timed ({err})")
-        return None
+        return {}
     folder = tempfile.mkdtemp(prefix="lstm_tvm_native_")
     export(folder, [op_name], dtype=dtype, input_size=I, cell_size=H, attrs=attrs, onnx=False,
            progress=False)
-    session = onnxruntime.InferenceSession(
-        model.SerializeToString(), native.session_options([folder], library, base=options),
-        providers=["CPUExecutionProvider"])
-    feeds = {k: native.aligned_copy(v) for k, v in inputs.items()}
-    return lambda: session.run(None, feeds)
+
+    def route(initializers):
+        model = make_model(op_name, dtype, input_size=I, cell_size=H, attrs=attrs,
+                           with_functions=False, initializers=initializers)
+        session = onnxruntime.InferenceSession(
+            model.SerializeToString(), native.session_options([folder], library, base=options()),
+            providers=["CPUExecutionProvider"])
+        feeds = {k: native.aligned_copy(v) for k, v in inputs.items() if k not in initializers}
+        return lambda: session.run(None, feeds)
+
+    return {"ort_native": route({}), "ort_native_w_init": route({"w": inputs["w"]})}
 
 
 def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32, I: int = 256,
@@ -287,7 +297,8 @@ def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32
     (onnxruntime running the op's ONNX function, no TVM; float16 via ``Cast`` nodes on the
     PyOp route) and, with ``native`` and when :mod:`.native` can build its library,
     ``ort_native`` (onnxruntime with the native library on an export of the op, aligned
-    feeds). Returns ``{route: ms}``.
+    feeds) and ``ort_native_w_init`` (the same with ``w`` an initializer: the sequence ops
+    pack it once per session). Returns ``{route: ms}``.
     """
     import onnxruntime
 
@@ -318,15 +329,13 @@ def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32
         "ort_function": lambda: function.run(None, inputs),
     }
     if native:
-        run = _native_route(op_name, dtype, I, H, attrs, model, inputs,
-                            _no_spinning(onnxruntime))
-        if run is not None:
-            routes["ort_native"] = run
+        routes.update(_native_routes(op_name, dtype, I, H, attrs, inputs,
+                                     lambda: _no_spinning(onnxruntime)))
     result = _median_ms(routes, repeat)
     base = result["raw_ops"]
     print(f"{op_name} {dtype} T={T} B={B} I={I} H={H} use_peephole={use_peephole}, "
           f"median of {repeat} calls")
-    print(f"{'route':<14}{'ms':>10}{'- raw_ops ms':>14}{'/ raw_ops':>11}")
+    print(f"{'route':<18}{'ms':>10}{'- raw_ops ms':>14}{'/ raw_ops':>11}")
     for name, ms in result.items():
-        print(f"{name:<14}{ms:>10.2f}{ms - base:>+14.2f}{ms / base:>10.2f}x")
+        print(f"{name:<18}{ms:>10.3f}{ms - base:>+14.3f}{ms / base:>10.2f}x")
     return result
