@@ -153,7 +153,7 @@ class CompiledOp:
                 tensor.copyfrom(np.zeros(tuple(tensor.shape), self.spec.dtype))
         else:
             try:
-                self.func(*args, *outputs, *self._packs)
+                self.func(*args, *self._packs, *outputs)
             except ValueError as err:  # the kernel's own argument checks
                 raise kernel_error(self.op.name, err, self._roles) from err
         return output_tuple(self.op.name)(*outputs)

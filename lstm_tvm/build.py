@@ -51,9 +51,10 @@ class BuildSpec:
     ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON;
     ``tuned`` a sorted tuple of ``(block name, task, trace JSON)`` of the tuning records
     replayed on GEMM blocks (empty: default schedules). ``prepacked``: the kernel takes its
-    weight panels as parameters after its outputs, and the module has a second function,
-    :attr:`pack_func_name`, that fills them from ``w`` (see :mod:`lstm_tvm.kernels._weights`;
-    for an op that packs no weights the kernel is the same as without).
+    weight panels as parameters between its inputs and outputs, and the module has a second
+    function, :attr:`pack_func_name`, that fills them from ``w`` (see
+    :mod:`lstm_tvm.kernels._weights`; for an op that packs no weights the kernel is the same
+    as without).
     """
 
     op: str
@@ -141,12 +142,18 @@ def primfuncs(spec: BuildSpec) -> dict:
     and a prepacked kernel's weight packing."""
     funcs = {spec.func_name: primfunc(spec)}
     if spec.pack_func_name:
-        target = resolve_target(json.loads(spec.target))
-        with cpu_kernels(str(target.kind.name) == "llvm"):
-            func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size)
-        func = schedule_for(spec.op, func, target)
-        funcs[spec.pack_func_name] = func.with_attr("global_symbol", spec.pack_func_name)
+        funcs[spec.pack_func_name] = pack_primfunc(spec)
     return funcs
+
+
+def pack_primfunc(spec: BuildSpec):
+    """The scheduled PrimFunc ``(w, *panels)`` named :attr:`BuildSpec.pack_func_name` that
+    fills the weight panels of a prepacked ``spec``'s kernel."""
+    target = resolve_target(json.loads(spec.target))
+    with cpu_kernels(str(target.kind.name) == "llvm"):
+        func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size)
+    func = schedule_for(spec.op, func, target)
+    return func.with_attr("global_symbol", spec.pack_func_name)
 
 
 def build(spec: BuildSpec):

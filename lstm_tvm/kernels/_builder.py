@@ -127,21 +127,26 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
     scalar ``Var`` for int64 scalars such as ``seq_len_max``); ``sizes`` maps ``T, B, I, H`` to
     the (symbolic or constant) sizes. ``params`` overrides the registry's tensor list (for
     helpers that are not TF ops): a sequence of ``TensorSpec``. ``packs``: the kernel's
-    :class:`~._weights.WeightPack`\ s, float32 parameters after the outputs when it is built
-    :func:`prepacked`. Call ``builder.get()`` after the ``with`` block for the
-    PrimFunc.
+    :class:`~._weights.WeightPack`\ s, float32 parameters between the inputs and the outputs
+    when it is built :func:`prepacked`. Call ``builder.get()`` after the ``with`` block for
+    the PrimFunc.
     """
     sizes = {"T": tirx.Var("T", "int64"), "B": tirx.Var("B", "int64"),
              **(_FIXED_SIZES.get() or {}), **sizes_of(input_size, cell_size)}
-    specs = list(params) if params else list(op.inputs) + list(op.outputs)
     inputs = [] if params else list(op.inputs)
+    # destination passing: whatever is read (the inputs, prepacked panels) before the outputs
+    specs = list(params) if params else [*inputs, *(packs if prepacked_weights() else ()),
+                                         *op.outputs]
     with IRBuilder() as builder:
         with T.prim_func(s_tir=True):
             T.func_name(f"lstm_tvm_{op.name}_{dtype}")
             T.func_attr({"tirx.noalias": True})
             buffers = {}
             for spec in specs:
-                if spec.dtype == "int64" and not spec.shape:
+                if spec in packs:
+                    buffers[spec.name] = T.arg(spec.name, T.Buffer(spec.shape, ACC,
+                                                                   buffer_name=spec.name))
+                elif spec.dtype == "int64" and not spec.shape:
                     buffers[spec.name] = T.arg(spec.name, tirx.Var(spec.name, "int64"))
                 else:
                     shape = spec.concrete_shape(sizes)
@@ -149,9 +154,6 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                     align = input_align(spec_dtype) if spec in inputs else 0
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
                         shape, spec_dtype, buffer_name=spec.name, align=align))
-            for pack in packs if prepacked_weights() else ():
-                buffers[pack.name] = T.arg(pack.name, T.Buffer(pack.shape, ACC,
-                                                               buffer_name=pack.name))
             if "seq_len_max" in buffers and _FIXED_SIZES.get():
                 _STEPS.set((buffers["seq_len_max"], sizes["T"]))
             if "seq_len_max" in buffers:

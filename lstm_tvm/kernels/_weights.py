@@ -5,7 +5,8 @@ A sequence kernel copies ``w`` into float32 column panels (:func:`~._builder.pan
 call: 2 MiB at I=H=256, about a tenth of a T=100, B=1 forward. A caller whose weights stay the
 same over many calls (a deployed model, as ONNX Runtime packs its initializers once per
 session) builds the kernel :func:`~._builder.prepacked`: it then takes the panels as
-parameters after its outputs, and :func:`pack_kernel` fills them from ``w``, once.
+parameters between its inputs and its outputs, and :func:`pack_kernel` fills them from ``w``,
+once.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@
 // gives; a misaligned buffer (e.g. a NumPy array fed from Python) is copied through an aligned
 // one, counted by lstm_tvm_ort_copy_count(). Where an export has a prepacked kernel (the
 // manifest's "prepacked": the sequence ops) and the node's w is a constant initializer, the
-// kernel packs w into that kernel's panels once, when ONNX Runtime creates it, and calls the
+// kernel packs w into that kernel's panels (passed between the inputs and the outputs) once, when ONNX Runtime creates it, and calls the
 // prepacked kernel from then on (counted by lstm_tvm_ort_prepacked_count()), as ONNX Runtime's
 // own LSTM packs its weights once per session. Every failure (no matching export, a missing or
 // mistyped attribute, a wrong rank or shape, seq_len_max outside [0, T], a TVM error) is an
@@ -541,7 +541,10 @@ struct Kernel {
     }
     ffi::Any result;
     if (panels != nullptr) {  // read only here: calls may run concurrently
-      for (const DLTensor& t : panels->tensors) args.emplace_back(const_cast<DLTensor*>(&t));
+      auto at = args.begin() + static_cast<std::ptrdiff_t>(k_in);  // after the inputs
+      for (const DLTensor& t : panels->tensors) {
+        at = args.insert(at, const_cast<DLTensor*>(&t)) + 1;
+      }
       op.prepacked.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
     } else {
       op.func.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
