@@ -61,14 +61,19 @@ _FIXED_SIZES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fixe
 
 
 @contextlib.contextmanager
+def _setting(var: contextvars.ContextVar, value):
+    """``var`` holds ``value`` inside the ``with`` (which yields it)."""
+    token = var.set(value)
+    try:
+        yield value
+    finally:
+        var.reset(token)
+
+
 def fixed_sizes(**sizes: int):
     """Build kernels with constant ``T`` and ``B`` (e.g. ``fixed_sizes(T=64, B=32)``) instead of
     symbolic ones: tuning tasks are cut from such static-shape kernels."""
-    token = _FIXED_SIZES.set({k: tirx.IntImm("int64", int(v)) for k, v in sizes.items()})
-    try:
-        yield
-    finally:
-        _FIXED_SIZES.reset(token)
+    return _setting(_FIXED_SIZES, {k: tirx.IntImm("int64", int(v)) for k, v in sizes.items()})
 
 
 def zero(dtype: str = ACC):
@@ -97,15 +102,10 @@ class GemmBlock:
     per_step: bool = False
 
 
-@contextlib.contextmanager
 def capture_gemms():
-    """Collect a :class:`GemmBlock` for every :func:`gemm` emitted inside the ``with``."""
-    found: list[GemmBlock] = []
-    token = _GEMMS.set(found)
-    try:
-        yield found
-    finally:
-        _GEMMS.reset(token)
+    """Collect a :class:`GemmBlock` for every :func:`gemm` emitted inside the ``with`` (which
+    yields the list)."""
+    return _setting(_GEMMS, [])
 
 
 _GEMMS: contextvars.ContextVar[list | None] = contextvars.ContextVar("gemms", default=None)
@@ -214,11 +214,8 @@ def _loop_body(per_step: bool):
         yield
         return
     T.sblock_attr({LOOP_BODY: True})
-    token = _IN_STEP.set(True)
-    try:
+    with _setting(_IN_STEP, True):
         yield
-    finally:
-        _IN_STEP.reset(token)
 
 
 def temp(name: str, shape, dtype: str = ACC):
@@ -361,27 +358,17 @@ SHORT_ROWS = 4
 _CPU_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar("cpu_kernels", default=True)
 
 
-@contextlib.contextmanager
 def cpu_kernels(enabled: bool):
     """Build kernels for a CPU (default) or not (the GPU schedules): see :func:`cpu_variants`."""
-    token = _CPU_KERNELS.set(enabled)
-    try:
-        yield
-    finally:
-        _CPU_KERNELS.reset(token)
+    return _setting(_CPU_KERNELS, enabled)
 
 
 _PREPACKED: contextvars.ContextVar[bool] = contextvars.ContextVar("prepacked", default=False)
 
 
-@contextlib.contextmanager
 def prepacked(enabled: bool):
     """Build kernels that take their weight panels as parameters (see :mod:`._weights`)."""
-    token = _PREPACKED.set(enabled)
-    try:
-        yield
-    finally:
-        _PREPACKED.reset(token)
+    return _setting(_PREPACKED, enabled)
 
 
 def prepacked_weights() -> bool:
@@ -540,18 +527,13 @@ def by_work(points, emit: Callable[[], None]) -> None:
             emit()
 
 
-@contextlib.contextmanager
 def version(suffix: str, one_thread: bool = False):
     """Emit a second version of blocks (the other branch of an ``if`` on the sizes): every
     block and scratch emitted inside is named ``<name><suffix>`` (block names must be unique),
     fusion groups and time steps included; with ``one_thread`` its blocks are marked
     :data:`ONE_THREAD`. Versions nest."""
     outer, alone = _VERSION.get()
-    token = _VERSION.set((outer + suffix, alone or one_thread))
-    try:
-        yield
-    finally:
-        _VERSION.reset(token)
+    return _setting(_VERSION, (outer + suffix, alone or one_thread))
 
 
 def _versioned(name: str) -> str:
