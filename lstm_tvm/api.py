@@ -80,10 +80,13 @@ class CompiledOp:
 
         Each value (a TVM tensor or a NumPy array of the op's dtype and shape for this op's
         sizes; any input whose shape has no ``T`` or ``B``) is copied now: later writes to it
-        are not seen. Where the kernel copies ``w`` into panels at every call (the sequence
+        are not seen. Where a CPU kernel copies ``w`` into panels at every call (the sequence
         ops), the returned op's kernel takes panels made here, once. Calls of the returned op
-        take the other inputs, positionally in TF's order or by name.
+        take the other inputs, positionally in TF's order or by name. Without the op's device
+        (as a call) ``RuntimeError``.
         """
+        if self.func is None:
+            raise missing_device_error(self.op.name, self.device, self.target)
         specs = {spec.name: spec for spec in self.op.inputs}
         sizes = {"I": self.spec.input_size, "H": self.spec.cell_size}
         held = {}
@@ -94,7 +97,8 @@ class CompiledOp:
                                 f"({[n for n in self._free if _bindable(specs[n])]}), got "
                                 f"{name!r}")
             held[name] = self._constant(name, value, spec.concrete_shape(sizes))
-        packs = "w" in held and self.op.name in WEIGHT_PACKS
+        packs = ("w" in held and self.op.name in WEIGHT_PACKS
+                 and self.target.kind.name == "llvm")  # CPU builds: GPUs not measured yet
         spec = dataclasses.replace(self.spec, prepacked=True) if packs else self.spec
         bound = CompiledOp(spec, self.device)
         bound._bound = {**self._bound, **held}
@@ -104,8 +108,7 @@ class CompiledOp:
             layout = WEIGHT_PACKS[self.op.name](self.spec.input_size, self.spec.cell_size)
             bound._packs = tuple(tvm.runtime.empty(p.shape, "float32", self.device)
                                  for p in layout)
-            if bound.module is not None:
-                bound.module[spec.pack_func_name](held["w"], *bound._packs)
+            bound.module[spec.pack_func_name](held["w"], *bound._packs)
         return bound
 
     def _constant(self, name: str, value, shape: tuple):

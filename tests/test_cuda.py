@@ -158,6 +158,8 @@ def test_compile_without_gpu_builds_then_refuses_to_run():
         op()
     inputs = testing.make_inputs("LSTMBlockCell", B=2, I=3, H=4)
     with pytest.raises(RuntimeError, match="no CUDA device"):
+        op.bind(w=inputs["w"])
+    with pytest.raises(RuntimeError, match="no CUDA device"):
         lstm_tvm.raw_ops.LSTMBlockCell(**inputs, target={"kind": "cuda", "arch": "sm_90"})
     with pytest.raises(RuntimeError, match="no CUDA device"):
         lstm_tvm.cell_grad_matmul(*(np.ones(s, "float32") for s in ((2, 3), (2, 4), (7, 16),

@@ -18,6 +18,7 @@ from lstm_tvm import build as _build
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
 from lstm_tvm.cli import main
+from lstm_tvm.kernels import WEIGHT_PACKS
 from lstm_tvm.registry import OPS
 from lstm_tvm.validation import validate_attrs
 
@@ -166,6 +167,37 @@ def test_manifest_matches_registry(exported):
             assert p["kind"] == ("tensor" if t.shape else "scalar")
 
 
+def test_prepacked_kernels_match_the_reference(exported):
+    """Each sequence op's prepacked kernel, on panels its pack function made once, over two
+    calls with other inputs (the manifest's calling convention: inputs, panels, outputs)."""
+    folder, manifest = exported
+    lib = lte.load(folder)
+    for name, entry in manifest["ops"].items():
+        if name not in WEIGHT_PACKS:
+            assert "prepacked" not in entry, name
+            continue
+        packed = entry["prepacked"]
+        spec = _build.make_spec(name, "float32", I, H, validate_attrs(OPS[name], _op_attrs(name)),
+                                "llvm", prepacked=True)
+        assert (packed["function"], packed["pack_function"]) == (spec.func_name,
+                                                                 spec.pack_func_name)
+        assert [(p["name"], p["shape"]) for p in packed["panels"]] == [
+            (p.name, list(p.shape)) for p in WEIGHT_PACKS[name](I, H)]
+        w = _inputs(name, seed=7)["w"]
+        panels = [tvm.runtime.empty(p["shape"], p["dtype"]) for p in packed["panels"]]
+        lib.module[packed["pack_function"]](tvm.runtime.tensor(w), *panels)
+        for seed in (1, 2):
+            inputs = {**_inputs(name, seed=seed), "w": w}
+            args = [int(v) if k == "seq_len_max" else tvm.runtime.tensor(v)
+                    for k, v in inputs.items()]
+            outs = [tvm.runtime.empty([{"T": T, "B": B}.get(d, d) for d in p["shape"]],
+                                      p["dtype"]) for p in entry["params"]
+                    if p["role"] == "output"]
+            lib.module[packed["function"]](*args, *panels, *outs)
+            _assert_matches_reference(name, {p: o.numpy() for p, o in zip(
+                OPS[name].output_names, outs)}, inputs)
+
+
 @pytest.fixture
 def schemas():
     yield lo.register_schemas()
@@ -227,6 +259,17 @@ def test_cli_export_float16(tmp_path):
     inputs = _inputs("LSTMBlockCell", dtype="float16")
     got = {k: v.numpy() for k, v in lib["LSTMBlockCell"](**inputs)._asdict().items()}
     _assert_matches_reference("LSTMBlockCell", got, inputs, dtype="float16")
+
+
+def test_cli_export_without_prepacked_kernels(tmp_path):
+    result = CliRunner().invoke(main, ["export", "--ops", "BlockLSTMV2", "--input-size", str(I),
+                                       "--cell-size", str(H), "--no-onnx", "--no-prepacked",
+                                       "-o", str(tmp_path / "plain")])
+    assert result.exit_code == 0, result.output
+    lib = lte.load(tmp_path / "plain")
+    assert "prepacked" not in lib.manifest["ops"]["BlockLSTMV2"]
+    with pytest.raises(AttributeError, match="prepacked"):
+        lib.module["lstm_tvm_BlockLSTMV2_float32_prepacked"]
 
 
 def test_export_rejects_bad_arguments(tmp_path):

@@ -56,7 +56,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
     onnx : bool
         Also write ``onnx/<Op>.onnx``.
     prepacked : bool
-        Also compile the prepacked kernels (see above).
+        Also compile the prepacked kernels (see above; CPU targets).
     progress : bool, optional
         Show a progress bar on stderr; default: only when stderr is a terminal.
     """
@@ -64,8 +64,9 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
 
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
     link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
+    cpu = resolve_target(specs[0].target).kind.name == "llvm"
     packed = {spec.op: dataclasses.replace(spec, prepacked=True) for spec in specs
-              if prepacked and spec.op in WEIGHT_PACKS}
+              if prepacked and cpu and spec.op in WEIGHT_PACKS}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(specs) + len(packed) + 2 + bool(onnx), desc="export", unit="step",
