@@ -284,8 +284,8 @@ def render(report: dict) -> str:
           r.get("what", "-")) for r in rows], right=range(3, 13))
     notes = ["vs X = X's median time / this row's median (> 1: this row is faster); vs TF, "
              "torch and ORT on lstm_tvm, bound and raw_ops rows; roofline = NumPy float32 GEMM "
-             "of the same FLOPs. lstm_tvm = CompiledOp on TVM tensors with out=; bound = the same with w "
-             "bound (CompiledOp.bind: packed once, as ORT's initializers); raw_ops = "
+             "of the same FLOPs. lstm_tvm = CompiledOp on TVM tensors with out=; bound = the "
+             "same with w bound (CompiledOp.bind: packed once, as ORT's initializers); raw_ops = "
              "lstm_tvm.raw_ops on NumPy arrays, TF and PyTorch imported in its process; ORT = "
              "ONNX Runtime's built-in LSTM op.",
              "min ms far below median ms: the calls were disturbed (other load on the cores).",

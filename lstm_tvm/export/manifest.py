@@ -32,9 +32,9 @@ MetaSchedule's JSON trace (empty: the rule-based schedules throughout).
 
 ``prepacked`` (optional: the sequence ops of an export with prepacked kernels) names a second
 kernel that takes, between the inputs and the outputs, the float32 ``panels`` into which the
-first one copies ``w`` at every call, and the function ``pack_function(w, *panels)`` that fills them: call it
-once per set of weights, then the prepacked kernel as often as those weights stay the same
-(its ``w`` parameter is not read).
+first one copies ``w`` at every call, and the function ``pack_function(w, *panels)`` that
+fills them: call it once per set of weights, then the prepacked kernel as often as those
+weights stay the same (its ``w`` parameter is not read).
 """
 
 from __future__ import annotations
