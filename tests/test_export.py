@@ -198,6 +198,34 @@ def test_prepacked_kernels_match_the_reference(exported):
                 OPS[name].output_names, outs)}, inputs)
 
 
+@pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGradV2", "LSTMBlockCell"])
+def test_loader_bind_holds_weights(exported, op_name):
+    """``ExportedOp.bind``: a sequence op runs its prepacked kernel on panels made once; the
+    bound arrays are copies (writes after ``bind`` change nothing); refusals named."""
+    folder, _ = exported
+    op = lte.load(folder)[op_name]
+    held = {k: v.copy() for k, v in _inputs(op_name, seed=7).items() if k in ("w", "b")}
+    bound = op.bind(**held)
+    assert "bound=['b', 'w']" in repr(bound)
+    assert (bound.func is not op.func) == (op_name in WEIGHT_PACKS)
+    weights = {k: v.copy() for k, v in held.items()}
+    for v in held.values():
+        v[...] = 0
+    for seed in (1, 2):
+        inputs = {**_inputs(op_name, seed=seed), **weights}
+        got = bound(**{k: v for k, v in inputs.items() if k not in weights})
+        _assert_matches_reference(op_name, {k: v.numpy() for k, v in got._asdict().items()},
+                                  inputs)
+    with pytest.raises(TypeError, match=r"bind\(\) takes inputs whose shape has no T or B "
+                                        r"\(\['wci', 'wcf', 'wco'\]\), got 'w'"):
+        bound.bind(w=weights["w"])
+    with pytest.raises(TypeError, match=r"unexpected inputs \['w', 'b'\].*\(\['b', 'w'\] "
+                                        r"bound\)"):
+        bound(**_inputs(op_name))
+    with pytest.raises(ValueError, match="input 'w' expected shape"):
+        op.bind(w=weights["w"][1:])
+
+
 @pytest.fixture
 def schemas():
     yield lo.register_schemas()

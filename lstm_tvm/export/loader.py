@@ -10,6 +10,7 @@ input) before anything is copied or run.
 from __future__ import annotations
 
 import collections
+import copy
 import hashlib
 import json
 import math
@@ -46,8 +47,12 @@ class ExportedOp:
         The raw function (destination passing: inputs then outputs).
     """
 
-    def __init__(self, name: str, entry: dict, func, device, sizes: Mapping[str, int]):
+    def __init__(self, name: str, entry: dict, func, device, sizes: Mapping[str, int],
+                 module=None):
         self.name, self.entry, self.func, self.device = name, entry, func, device
+        self._module = module  # the library, for a prepacked op's functions
+        self._bound: dict = {}  # see bind
+        self._packs: list = []  # the panels of the prepacked kernel
         self.inputs = [p for p in entry["params"] if p["role"] == "input"]
         self.outputs = [p for p in entry["params"] if p["role"] == "output"]
         self.result_type = collections.namedtuple(name, [p["name"] for p in self.outputs])
@@ -57,8 +62,35 @@ class ExportedOp:
         self._scratch = {"xh": sizes["I"] + sizes["H"], "gates": 4 * sizes["H"]}
 
     def __repr__(self) -> str:
+        bound = f", bound={sorted(self._bound)}" if self._bound else ""
         return f"ExportedOp({self.name}, function={self.entry['function']}, " \
-               f"attrs={self.entry['attrs']})"
+               f"attrs={self.entry['attrs']}{bound})"
+
+    def bind(self, **constants) -> ExportedOp:
+        """This op with inputs held constant over its calls, as
+        :meth:`lstm_tvm.CompiledOp.bind`: inputs whose manifest shape has no dynamic dim,
+        checked and copied now. Where the manifest lists a ``prepacked`` kernel and ``w`` is
+        bound, the returned op calls it on panels its ``pack_function`` makes here, once."""
+        free = [p for p in self.inputs if p["name"] not in self._bound]
+        allowed = [p["name"] for p in free if p["kind"] == "tensor" and not p["dynamic"]]
+        held: dict = {}
+        for name, value in constants.items():
+            if name not in allowed:
+                raise TypeError(f"{self.name}: bind() takes inputs whose shape has no T or B "
+                                f"({allowed}), got {name!r}")
+            checked = self._check(next(p for p in free if p["name"] == name), value, {})
+            if isinstance(checked, tvm.runtime.Tensor):
+                checked = checked.numpy()
+            held[name] = _to_device(checked, self.device)
+        bound = copy.copy(self)
+        bound._bound = {**self._bound, **held}
+        packed = self.entry.get("prepacked")
+        if packed and "w" in held:
+            bound.func = self._module[packed["function"]]
+            bound._packs = [tvm.runtime.empty(p["shape"], p["dtype"], self.device)
+                            for p in packed["panels"]]
+            self._module[packed["pack_function"]](held["w"], *bound._packs)
+        return bound
 
     def __call__(self, *args, out=None, **kwargs):
         values = self._bind(args, kwargs)
@@ -79,20 +111,21 @@ class ExportedOp:
                             if isinstance(v, tvm.runtime.Tensor)},
                            {p["name"]: t for p, t in zip(self.outputs, outputs)})
         try:
-            self.func(*call_args.values(), *outputs)
+            self.func(*call_args.values(), *self._packs, *outputs)
         except ValueError as err:  # the kernel's own argument checks
             raise kernel_error(self.name, err, self._roles) from err
         return self.result_type(*outputs)
 
     def _bind(self, args, kwargs) -> dict:
-        names = [p["name"] for p in self.inputs]
+        names = [p["name"] for p in self.inputs if p["name"] not in self._bound]
         values = bind_inputs(self.name, names, args, kwargs)
         missing = [n for n in names if n not in values]
         unknown = [n for n in values if n not in names]
         if missing or unknown:
+            bound = f" ({sorted(self._bound)} bound)" if self._bound else ""
             raise TypeError(f"{self.name}: missing inputs {missing}, unexpected inputs "
-                            f"{unknown}; expected {names}")
-        return values
+                            f"{unknown}; expected {names}{bound}")
+        return {**values, **self._bound}
 
     def _check(self, p: dict, value, dims: dict):
         """Check one input against its manifest entry; returns an int (a scalar), the TVM
@@ -217,7 +250,7 @@ class ExportedLibrary(Mapping):
             configure_threads()
         self.module = tvm.runtime.load_module(str(lib))
         self._ops = {name: ExportedOp(name, e, self.module[e["function"]], self.device,
-                                      m["sizes"])
+                                      m["sizes"], self.module)
                      for name, e in m["ops"].items()}
 
     def __getitem__(self, name: str) -> ExportedOp:
