@@ -90,12 +90,13 @@ class BuildSpec:
 def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
               target=None, tuned: bool = True, prepacked: bool = False) -> BuildSpec:
     """A :class:`BuildSpec` with attrs normalised, the target resolved to its JSON and, with
-    ``tuned``, the best matching tuning record of each GEMM block attached."""
+    ``tuned``, the best matching tuning record of each GEMM block attached; ``prepacked``
+    only for an op that packs weights (the same kernel otherwise)."""
     norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
     resolved = resolve_target(target)
     records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
     return BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved),
-                     records, prepacked)
+                     records, bool(prepacked) and op in WEIGHT_PACKS)
 
 
 def _tuned_records(op, dtype, input_size, cell_size, attrs, target) -> tuple:
