@@ -80,10 +80,11 @@ class CompiledOp:
 
         Each value (a TVM tensor or a NumPy array of the op's dtype and shape for this op's
         sizes; any input whose shape has no ``T`` or ``B``) is copied now: later writes to it
-        are not seen. Where a CPU kernel copies ``w`` into panels at every call (the sequence
-        ops), the returned op's kernel takes panels made here, once. Calls of the returned op
-        take the other inputs, positionally in TF's order or by name. Without the op's device
-        (as a call) ``RuntimeError``.
+        are not seen. For the ops whose product reads ``w`` as float32 panels (the sequence
+        ops, which copy it into them at every call, and ``LSTMBlockCell``, which reads it in
+        place otherwise) the returned op's CPU kernel takes panels made here, once. Calls of
+        the returned op take the other inputs, positionally in TF's order or by name. Without
+        the op's device (as a call) ``RuntimeError``.
         """
         if self.func is None:
             raise missing_device_error(self.op.name, self.device, self.target)

@@ -13,7 +13,8 @@ What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones)
 - lstm_tvm: the :class:`~lstm_tvm.api.CompiledOp` call (with its input checks) on TVM tensors
   made beforehand, outputs reused with ``out=``; compiling is outside, reported as ``compile s``.
   bound: the same with ``w`` bound (:meth:`~lstm_tvm.api.CompiledOp.bind`: the sequence ops'
-  weights packed once, outside the timed calls, as ONNX Runtime packs its initializers).
+  and ``LSTMBlockCell``'s weights packed once, outside the timed calls, as ONNX Runtime packs
+  its initializers).
 - TF: the eager ``tf.raw_ops.<Op>(...)`` call on ``tf.constant`` inputs (eager dispatch, about
   tens of microseconds, is included; outputs are allocated by TF in every call).
 - PyTorch: ``nn.LSTM`` / ``nn.LSTMCell`` forward with autograd on (it saves what backward needs,

@@ -103,8 +103,9 @@ def test_a_prepacked_kernel_takes_the_panels_and_copies_no_weights(op_name):
         sch = tvm.s_tir.Schedule(func)
         return {sch.get(b).name_hint for b in leaf_blocks(sch)}
 
-    assert set(packs) <= blocks(plain) and set(packs) <= blocks(pack)
-    assert not set(packs) & blocks(kernel)
+    assert set(packs) <= blocks(pack) and not set(packs) & blocks(kernel)
+    # the sequence ops copy w at every call, LSTMBlockCell reads it in place
+    assert (set(packs) <= blocks(plain)) == (registry.get_op(op_name).kind == "sequence")
 
 
 def test_bind_names_what_it_refuses():

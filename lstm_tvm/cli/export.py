@@ -25,7 +25,7 @@ __all__ = ["command"]
 @click.option("--cell-clip", type=float, help="cell_clip (default TF's: 3.0, BlockLSTMV2 0.0).")
 @click.option("--no-onnx", is_flag=True, help="Do not write the onnx/ models.")
 @click.option("--prepacked/--no-prepacked", default=True, show_default=True,
-              help="Also compile the sequence ops' kernels that take w packed once (ONNX "
+              help="Also compile the kernels that take w packed once (ONNX "
                    "Runtime's native route uses them where w is an initializer).")
 @click.option("-o", "--output", required=True,
               type=click.Path(file_okay=False, path_type=Path), help="The folder to write.")

@@ -30,11 +30,12 @@ must check (the kernels do not). ``schedule_records`` lists the tuning records r
 the op's GEMM blocks: ``{"block", "task", "trace"}`` with the task it was tuned as and
 MetaSchedule's JSON trace (empty: the rule-based schedules throughout).
 
-``prepacked`` (optional: the sequence ops of an export with prepacked kernels) names a second
-kernel that takes, between the inputs and the outputs, the float32 ``panels`` into which the
-first one copies ``w`` at every call, and the function ``pack_function(w, *panels)`` that
-fills them: call it once per set of weights, then the prepacked kernel as often as those
-weights stay the same (its ``w`` parameter is not read).
+``prepacked`` (optional: the sequence ops and ``LSTMBlockCell`` of an export with prepacked
+kernels) names a second kernel that takes, between the inputs and the outputs, the float32
+``panels`` of ``w`` (which the first one copies at every call or reads in place), and the
+function ``pack_function(w, *panels)`` that fills them: call it once per set of weights, then
+the prepacked kernel as often as those weights stay the same (its ``w`` parameter is not
+read).
 """
 
 from __future__ import annotations

@@ -34,10 +34,10 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
 
     Every op's scheduled PrimFunc (:func:`lstm_tvm.build.primfunc`) goes into one ``IRModule``
     compiled once; the library is written atomically (a temporary file renamed into place).
-    With ``prepacked``, the ops that copy ``w`` into panels at every call (the sequence ops)
-    also get a kernel taking the panels and the function that makes them (the manifest's
-    ``prepacked`` entry): ONNX Runtime's native route packs a ``w`` that is an initializer
-    once per session.
+    With ``prepacked``, the ops whose product reads ``w`` as panels (the sequence ops, which
+    copy it at every call, and ``LSTMBlockCell``) also get a kernel taking the panels and the
+    function that makes them (the manifest's ``prepacked`` entry): ONNX Runtime's native
+    route packs a ``w`` that is an initializer once per session.
 
     Parameters
     ----------

@@ -10,8 +10,8 @@ from tvm.s_tir.analysis import detect_buffer_access_lca
 from ..registry import get_op
 from ._builder import cpu_kernels
 from ._weights import pack_func_name, pack_kernel
-from .block_cell import lstm_block_cell, lstm_block_cell_grad
-from .block_lstm import block_lstm, weight_packs as forward_packs
+from .block_cell import lstm_block_cell, lstm_block_cell_grad, weight_packs as forward_packs
+from .block_lstm import block_lstm
 from .block_lstm_grad import block_lstm_grad, weight_packs as backward_packs
 from .cell_grad_matmul import cell_grad_matmul
 
@@ -30,6 +30,7 @@ BUILDERS = {
 #: Registry op name -> ``(input_size, cell_size) -> WeightPacks`` of the ops whose kernels pack
 #: ``w`` (see :mod:`._weights`); the other ops read it in place.
 WEIGHT_PACKS = {
+    "LSTMBlockCell": forward_packs,
     "BlockLSTM": forward_packs,
     "BlockLSTMV2": forward_packs,
     "BlockLSTMGrad": backward_packs,

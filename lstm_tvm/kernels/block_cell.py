@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import (T, by_work, kernel, padded, reduction, spatial, step_gemm, step_views,
-                       temp, zero)
+from ._builder import (T, by_work, kernel, padded, prepacked_weights, reduction, spatial,
+                       step_gemm, step_views, temp, zero)
 from ._gates import (ICF, CellConfig, cell_backward, cell_forward, f32, gate_activations,
                      gate_offsets, store)
+from ._weights import WeightPack, weight_panels
+
+
+def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
+    """The panels of ``w`` a forward step's product reads, all ``I + H`` rows (block
+    ``w_panels``)."""
+    return (WeightPack("w_panels", input_size + cell_size, 4 * cell_size,
+                       lambda w, k, j: w[k, j]),)
 
 
 def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
@@ -15,21 +23,25 @@ def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
     ``gates_rows4`` at small batches as a sequence step's, see :func:`step_gemm`; its operand
     gathered, widened and row-padded by block ``xh``), then the gate math of one step (blocks
     ``gate_act`` and ``cell``, see :func:`cell_blocks`); at small batches ``xh`` and the gate
-    math run on one thread (blocks ``<name>_1t``, see :func:`by_work`)."""
+    math run on one thread (blocks ``<name>_1t``, see :func:`by_work`). It reads ``w`` in
+    place, or built prepacked, its panels (:func:`weight_packs`)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     cfg = CellConfig(forget_bias_of(op, attrs), attrs["cell_clip"], attrs["use_peephole"])
-    with kernel(op, dtype, I, H) as (buf, size, builder):
+    packs = weight_packs(I, H)
+    with kernel(op, dtype, I, H, packs=packs) as (buf, size, builder):
         B = size["B"]
-        x, h_prev, w = buf["x"], buf["h_prev"], buf["w"]
+        x, h_prev = buf["x"], buf["h_prev"]
+        w = (weight_panels(buf, packs[0]) if prepacked_weights()
+             else lambda k, j: f32(buf["w"][k, j]))
         xh, gates = temp("xh", (padded(B), I + H)), temp("gates", (padded(B), G))
         by_work(padded(B) * (I + H), lambda: spatial(
             "xh", (padded(B), I + H), lambda n, k: T.buffer_store(xh, tirx.if_then_else(
                 n < B, tirx.if_then_else(k < I, f32(x[n, k]), f32(h_prev[n, k - I])), zero()),
                 [n, k])))
         step_gemm("gates", gates, step_views(gates, B), B, G, I + H, lambda n, k: xh[n, k],
-                  lambda k, j: f32(w[k, j]), init=lambda n, j: f32(buf["b"][j]))
+                  w, init=lambda n, j: f32(buf["b"][j]))
         acts = activation_scratch(B, H)
         by_work(B * G, lambda: cell_blocks(
             cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],

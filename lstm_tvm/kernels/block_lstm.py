@@ -20,8 +20,8 @@ from ._builder import (ROW_TILE, T, bind_steps, by_work, cpu_variants, flat, gem
                        padded, prepacked_weights, spatial, step_gemm, step_views, temp,
                        time_loop, version, zero)
 from ._gates import ACC, CellConfig, f32, gate_offsets
-from ._weights import WeightPack, weight_panels
-from .block_cell import activation_scratch, cell_blocks
+from ._weights import weight_panels
+from .block_cell import activation_scratch, cell_blocks, weight_packs
 
 #: The forward outputs, all (T, B, H).
 OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
@@ -29,12 +29,6 @@ OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
 #: (2 MiB at I=H=256) costs more than the panels save over so few rows (I=H=256 on a Zen 5:
 #: T=1 B=1 2.0x, T=8 B=1 1.25x, T=1 B=8 1.6x; T=16 B=1 0.96, T=8 B=8 0.86; docs/performance.md).
 PACK_FROM_ROWS = 16
-
-
-def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
-    """The forward's panels of ``w``, all ``I + H`` rows (block ``w_panels``)."""
-    return (WeightPack("w_panels", input_size + cell_size, 4 * cell_size,
-                       lambda w, k, j: w[k, j]),)
 
 
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):

@@ -16,9 +16,9 @@
 // is 64-byte aligned, which is what the kernels need and what ONNX Runtime's CPU allocator
 // gives; a misaligned buffer (e.g. a NumPy array fed from Python) is copied through an aligned
 // one, counted by lstm_tvm_ort_copy_count(). Where an export has a prepacked kernel (the
-// manifest's "prepacked": the sequence ops) and the node's w is a constant initializer, the
-// kernel packs w into that kernel's panels (passed between the inputs and the outputs) once, when ONNX Runtime creates it, and calls the
-// prepacked kernel from then on (counted by lstm_tvm_ort_prepacked_count()), as ONNX Runtime's
+// manifest's "prepacked": the sequence ops and LSTMBlockCell) and the node's w is a constant
+// initializer, the kernel packs w into that kernel's panels (passed between the inputs and
+// the outputs) once, when ONNX Runtime creates it, and calls the prepacked kernel from then on (counted by lstm_tvm_ort_prepacked_count()), as ONNX Runtime's
 // own LSTM packs its weights once per session. Every failure (no matching export, a missing or
 // mistyped attribute, a wrong rank or shape, seq_len_max outside [0, T], a TVM error) is an
 // OrtStatus: ONNX Runtime raises it, nothing aborts.

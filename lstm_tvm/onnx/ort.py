@@ -297,8 +297,8 @@ def compare_routes(op_name: str = "BlockLSTMGradV2", *, T: int = 64, B: int = 32
     (onnxruntime running the op's ONNX function, no TVM; float16 via ``Cast`` nodes on the
     PyOp route) and, with ``native`` and when :mod:`.native` can build its library,
     ``ort_native`` (onnxruntime with the native library on an export of the op, aligned
-    feeds) and ``ort_native_w_init`` (the same with ``w`` an initializer: the sequence ops
-    pack it once per session). Returns ``{route: ms}``.
+    feeds) and ``ort_native_w_init`` (the same with ``w`` an initializer: the ops with a
+    prepacked kernel pack it once per session). Returns ``{route: ms}``.
     """
     import onnxruntime
 
