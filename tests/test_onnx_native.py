@@ -163,25 +163,33 @@ def test_registration_errors_raise(library, exports, tmp_path):
         options.register_custom_ops_library(str(library))
 
 
+#: Forward op -> kernels of its pair with a prepacked kernel (LSTMBlockCellGrad reads no w).
+PREPACKED_PAIR = {"BlockLSTMV2": 2, "LSTMBlockCell": 1}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_a_constant_w_is_packed_once_per_kernel(library, exports, dtype, tf):
-    """``w`` an initializer: the session's BlockLSTMV2 and BlockLSTMGradV2 kernels pack it once
-    and run the exports' prepacked kernels; calls with other inputs against TF and the
+@pytest.mark.parametrize("fwd_name", list(PREPACKED_PAIR))
+def test_a_constant_w_is_packed_once_per_kernel(library, exports, fwd_name, dtype, tf):
+    """``w`` an initializer: the session's kernels with a prepacked kernel (the sequence ops',
+    LSTMBlockCell's) pack it once and run it; calls with other inputs against TF and the
     reference (``w`` a graph input: nothing packed, see the test above)."""
-    w = testing.make_inputs("BlockLSTMV2", dtype=dtype, B=1, I=I, H=H, T=1, seed=20)["w"]
-    model = lo.make_forward_backward_model("BlockLSTMV2", dtype, input_size=I, cell_size=H,
+    sequence = OPS[fwd_name].kind == "sequence"
+    w = testing.make_inputs(fwd_name, dtype=dtype, B=1, I=I, H=H, T=1 if sequence else None,
+                            seed=20)["w"]
+    model = lo.make_forward_backward_model(fwd_name, dtype, input_size=I, cell_size=H,
                                            attrs=PEEPHOLE, with_functions=False,
                                            initializers={"w": w})
     packed = native.prepacked_count(library)
     session = _session(model, library, exports)
-    assert native.prepacked_count(library) == packed + 2  # the forward's and the gradient's
-    for seq_len_max in (T, T - 2):
-        inputs = testing.make_inputs("BlockLSTMGradV2", dtype=dtype, B=B, I=I, H=H, T=T,
-                                     seq_len_max=seq_len_max, attrs=PEEPHOLE, seed=seq_len_max)
+    assert native.prepacked_count(library) == packed + PREPACKED_PAIR[fwd_name]
+    for seq_len_max in (T, T - 2) if sequence else (None,):
+        kw = {"T": T, "seq_len_max": seq_len_max} if sequence else {}
+        inputs = testing.make_inputs(OPS[fwd_name].pair, dtype=dtype, B=B, I=I, H=H,
+                                     attrs=PEEPHOLE, seed=seq_len_max or 5, **kw)
         inputs["w"] = w
         out = run_session(session, inputs, align=True)
-        _check_pair("BlockLSTMV2", out, inputs, dtype, seq_len_max)
-    assert native.prepacked_count(library) == packed + 2
+        _check_pair(fwd_name, out, inputs, dtype, seq_len_max)
+    assert native.prepacked_count(library) == packed + PREPACKED_PAIR[fwd_name]
 
 
 if __name__ == "__main__":
