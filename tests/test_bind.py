@@ -57,6 +57,23 @@ def test_a_bound_op_matches_the_reference(op_name, dtype):
             testing.assert_close(got[name], ref[name], dtype, f"{op_name}.{name} T={T} B={B}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_a_bound_cell_grad_matmul_matches_the_reference(dtype):
+    """The helper's prepacked kernel: ``x_grad`` and ``h_prev_grad`` from ``w``'s transposed
+    panels as a step's GEMMs, every batch path (one-row, four-row and padded tiles, B = 0)."""
+    fn = lstm_tvm.compile("CellGradMatmul", dtype=dtype, input_size=I, cell_size=H)
+    rng = np.random.default_rng(3)
+    w = rng.uniform(-1, 1, (I + H, 4 * H)).astype(dtype)
+    bound = fn.bind(w=w)
+    assert bound.spec.prepacked
+    for B in (0, 1, 2, 3, 5, 9):
+        args = [rng.uniform(-1, 1, s).astype(dtype) for s in ((B, I), (B, H), (B, 4 * H))]
+        got = bound(*(tvm.runtime.tensor(a) for a in args))
+        ref = reference.cell_grad_matmul(args[0], args[1], w, args[2])
+        for name in got._fields:
+            testing.assert_close(getattr(got, name).numpy(), ref[name], dtype, f"{name} B={B}")
+
+
 @pytest.mark.parametrize("source", ["numpy", "tvm"])
 def test_bind_copies_what_it_holds(source):
     """Writes to the bound arrays after ``bind`` change nothing (as an initializer)."""

@@ -35,6 +35,7 @@ WEIGHT_PACKS = {
     "BlockLSTMV2": forward_packs,
     "BlockLSTMGrad": backward_packs,
     "BlockLSTMGradV2": backward_packs,
+    "CellGradMatmul": backward_packs,
 }
 
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (PANEL, T, flat, gemm, kernel, padded, reduction, row_chunks, spatial,
-                       temp, zero)
+from ._builder import (PANEL, T, by_work, flat, gemm, kernel, padded, prepacked_weights,
+                       reduction, row_chunks, spatial, step_gemm, step_views, temp, zero)
 from ._gates import ACC, f32, store
+from ._weights import weight_panels
+from .block_lstm_grad import weight_packs
 
 #: Rows of float16 ``w_grad`` computed per chunk (see :func:`_w_grad_by_chunks`).
 W_GRAD_CHUNK = 64
@@ -30,32 +32,28 @@ def cell_grad_matmul(op: OpSpec, dtype: str, input_size: int, cell_size: int, at
     stored as panels of them).
     ``w_grad``: float32 accumulates in the output (:func:`_w_grad_in_place`), float16 goes
     through a float32 scratch a chunk of rows at a time (:func:`_w_grad_by_chunks`).
+    Built prepacked, it takes ``w`` transposed in panels (the sequence backward's,
+    :func:`~.block_lstm_grad.weight_packs`) and computes ``x_grad`` and ``h_prev_grad`` as a
+    step's GEMMs over the batch rows (:func:`_xh_grad_rows`): no batch padded to
+    :data:`BATCH_COLUMNS`.
     """
     I, H = input_size, cell_size
     G = 4 * H
     del attrs
-    with kernel(op, dtype, I, H) as (buf, size, builder):
+    packs = weight_packs(I, H)
+    with kernel(op, dtype, I, H, packs=packs) as (buf, size, builder):
         B = size["B"]
-        dicfo, w = buf["dicfo"], buf["w"]
-        cols = padded(B, BATCH_COLUMNS)
-        d_t = temp("dicfo_t", (cols // PANEL, G, PANEL))
-        xhg_t = temp("xhg_t", (cols // PANEL, I + H, PANEL))
+        if prepacked_weights():
+            _xh_grad_rows(buf, dtype, B, I, H, [weight_panels(buf, p) for p in packs])
+        else:
+            _xh_grad_transposed(buf, dtype, B, I, H)
         bg = temp("bg", (G,))
-        spatial("dicfo_t", (G, cols), lambda j, n: T.buffer_store(
-            d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()),
-            [n // PANEL, j, n % PANEL]))
-        gemm("xh_grad_t", xhg_t, I + H, cols, G, lambda k, j: f32(w[k, j]),
-             lambda j, n: d_t[n // PANEL, j, n % PANEL], pad=False, out_panels=True)
         if dtype == ACC:
             _w_grad_in_place(buf, B, I, H)
         else:
             _w_grad_by_chunks(buf, dtype, B, I, H)
         reduction("b_grad", bg, (G,), (B,), lambda j: (j,),
                   lambda s, r: f32(buf["dicfo"][r[0], s[0]]))
-        spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(
-            buf["x_grad"], store(xhg_t[n // PANEL, k, n % PANEL], dtype), [n, k]))
-        spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
-            buf["h_prev_grad"], store(xhg_t[n // PANEL, I + k, n % PANEL], dtype), [n, k]))
         # A reduction over an empty batch never ran its init.
         with T.If(B == 0), T.Then():  # through a view: each w_grad writer keeps its buffer
             zeroed = flat(buf["w_grad"], I + H, name="w_grad_zeroed")
@@ -64,6 +62,46 @@ def cell_grad_matmul(op: OpSpec, dtype: str, input_size: int, cell_size: int, at
         spatial("b_grad_out", (G,), lambda j: T.buffer_store(
             buf["b_grad"], tirx.if_then_else(B > 0, store(bg[j], dtype), zero(dtype)), [j]))
     return builder.get()
+
+
+def _xh_grad_transposed(buf, dtype, B, I, H):
+    """``xh_grad^T = w @ dicfo^T`` reading ``w`` as stored (see :func:`cell_grad_matmul`)."""
+    G = 4 * H
+    dicfo, w = buf["dicfo"], buf["w"]
+    cols = padded(B, BATCH_COLUMNS)
+    d_t = temp("dicfo_t", (cols // PANEL, G, PANEL))
+    xhg_t = temp("xhg_t", (cols // PANEL, I + H, PANEL))
+    spatial("dicfo_t", (G, cols), lambda j, n: T.buffer_store(
+        d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [n // PANEL, j, n % PANEL]))
+    gemm("xh_grad_t", xhg_t, I + H, cols, G, lambda k, j: f32(w[k, j]),
+         lambda j, n: d_t[n // PANEL, j, n % PANEL], pad=False, out_panels=True)
+    spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(
+        buf["x_grad"], store(xhg_t[n // PANEL, k, n % PANEL], dtype), [n, k]))
+    spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
+        buf["h_prev_grad"], store(xhg_t[n // PANEL, I + k, n % PANEL], dtype), [n, k]))
+
+
+def _xh_grad_rows(buf, dtype, B, I, H, w_t):
+    """``x_grad = dicfo @ w[:I]^T`` and ``h_prev_grad = dicfo @ w[I:]^T`` as a step's GEMMs
+    (blocks ``x_grad_rows``, ``h_grad_rows`` and their small-batch versions, see
+    :func:`step_gemm`) on the transposed panels ``w_t``, from ``dicfo`` widened into
+    zero-padded rows (block ``dicfo_rows``)."""
+    G = 4 * H
+    d = temp("dicfo_rows", (padded(B), G))
+    by_work(padded(B) * G, lambda: spatial("dicfo_rows", (padded(B), G), lambda n, j: (
+        T.buffer_store(d, tirx.if_then_else(n < B, f32(buf["dicfo"][n, j]), zero()), [n, j]))))
+    parts = (("x_grad", "x_grad", I, w_t[0]), ("h_grad", "h_prev_grad", H, w_t[1]))
+    rows = {name: temp(f"{name}_rows", (padded(B), cols)) for name, _, cols, _ in parts}
+    for name, _, cols, panels in parts:
+        step_gemm(f"{name}_rows", rows[name], step_views(rows[name], B), B, cols, G,
+                  lambda n, j: d[n, j], panels)
+
+    def outputs():
+        for name, out, cols, _ in parts:
+            spatial(f"{name}_out", (B, cols), lambda n, k, out=out, r=rows[name]: (
+                T.buffer_store(buf[out], store(r[n, k], dtype), [n, k])))
+
+    by_work(B * (I + H), outputs)
 
 
 def _w_grad_parts(buf, I, H):
