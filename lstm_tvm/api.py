@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import numbers
 
@@ -98,14 +97,12 @@ class CompiledOp:
                                 f"({[n for n in self._free if _bindable(specs[n])]}), got "
                                 f"{name!r}")
             held[name] = self._constant(name, value, spec.concrete_shape(sizes))
-        packs = ("w" in held and self.op.name in WEIGHT_PACKS
-                 and self.target.kind.name == "llvm")  # CPU builds: GPUs not measured yet
-        spec = dataclasses.replace(self.spec, prepacked=True) if packs else self.spec
+        spec = self.spec.with_prepacked_weights() if "w" in held else self.spec
         bound = CompiledOp(spec, self.device)
         bound._bound = {**self._bound, **held}
         bound._free = tuple(n for n in self.op.input_names if n not in bound._bound)
         bound._packs = self._packs
-        if packs:
+        if spec is not self.spec:  # w's panels, made here
             layout = WEIGHT_PACKS[self.op.name](self.spec.input_size, self.spec.cell_size)
             bound._packs = tuple(tvm.runtime.empty(p.shape, "float32", self.device)
                                  for p in layout)

@@ -157,7 +157,6 @@ def make_lstm_tvm(item: dict, inputs: dict, dtype: str, ctx: dict,
     timed calls)."""
     from lstm_tvm import build as _build
     from lstm_tvm._tvm import tvm
-    from lstm_tvm.kernels import WEIGHT_PACKS
     from lstm_tvm.registry import get_op
 
     op = get_op(item["ops"][0])
@@ -168,8 +167,7 @@ def make_lstm_tvm(item: dict, inputs: dict, dtype: str, ctx: dict,
             for k, v in inputs.items() if k in op.input_names}
     w = args.pop("w") if bound else None
     if bound:
-        prepacked = dataclasses.replace(fn.spec, prepacked=op.name in WEIGHT_PACKS)
-        cached = cached and _build.cache_path(prepacked).exists()
+        cached = cached and _build.cache_path(fn.spec.with_prepacked_weights()).exists()
         start = time.perf_counter()
         fn = fn.bind(w=w)
         compile_s += time.perf_counter() - start

@@ -73,6 +73,13 @@ class BuildSpec:
         suffix = "_prepacked" if self.pack_func_name else ""
         return f"lstm_tvm_{self.op}_{self.dtype}{suffix}"
 
+    def with_prepacked_weights(self) -> BuildSpec:
+        """The spec of this kernel taking its weight panels: prepacked for an op that packs
+        weights on a CPU target (GPU kernels are not measured with it), else this spec."""
+        cpu = json.loads(self.target)["kind"] == "llvm"
+        packs = cpu and self.op in WEIGHT_PACKS and not self.prepacked
+        return dataclasses.replace(self, prepacked=True) if packs else self
+
     @property
     def pack_func_name(self) -> str | None:
         """The name of the function filling a prepacked kernel's weight panels; None without
@@ -90,13 +97,14 @@ class BuildSpec:
 def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
               target=None, tuned: bool = True, prepacked: bool = False) -> BuildSpec:
     """A :class:`BuildSpec` with attrs normalised, the target resolved to its JSON and, with
-    ``tuned``, the best matching tuning record of each GEMM block attached; ``prepacked``
-    only for an op that packs weights (the same kernel otherwise)."""
+    ``tuned``, the best matching tuning record of each GEMM block attached; with
+    ``prepacked``, :meth:`BuildSpec.with_prepacked_weights`."""
     norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
     resolved = resolve_target(target)
     records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
-    return BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved),
-                     records, bool(prepacked) and op in WEIGHT_PACKS)
+    spec = BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved),
+                     records)
+    return spec.with_prepacked_weights() if prepacked else spec
 
 
 def _tuned_records(op, dtype, input_size, cell_size, attrs, target) -> tuple:

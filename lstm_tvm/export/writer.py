@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -15,7 +14,6 @@ from .. import build as _build
 from .._files import atomic_path
 from .._tvm import resolve_target, tvm
 from ..cross_compile import export_options
-from ..kernels import WEIGHT_PACKS
 from ..registry import DTYPES, OPS
 from ..validation import validate_attrs
 from .manifest import LIBRARY, MANIFEST, dumps_manifest, make_manifest
@@ -64,9 +62,8 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
 
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
     link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
-    cpu = resolve_target(specs[0].target).kind.name == "llvm"
-    packed = {spec.op: dataclasses.replace(spec, prepacked=True) for spec in specs
-              if prepacked and cpu and spec.op in WEIGHT_PACKS}
+    variants = [spec.with_prepacked_weights() for spec in specs] if prepacked else []
+    packed = {spec.op: spec for spec in variants if spec.prepacked}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(specs) + len(packed) + 2 + bool(onnx), desc="export", unit="step",

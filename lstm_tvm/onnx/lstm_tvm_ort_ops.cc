@@ -18,8 +18,9 @@
 // one, counted by lstm_tvm_ort_copy_count(). Where an export has a prepacked kernel (the
 // manifest's "prepacked": the sequence ops and LSTMBlockCell) and the node's w is a constant
 // initializer, the kernel packs w into that kernel's panels (passed between the inputs and
-// the outputs) once, when ONNX Runtime creates it, and calls the prepacked kernel from then on (counted by lstm_tvm_ort_prepacked_count()), as ONNX Runtime's
-// own LSTM packs its weights once per session. Every failure (no matching export, a missing or
+// the outputs) once, when ONNX Runtime creates it, and calls the prepacked kernel from then
+// on (counted by lstm_tvm_ort_prepacked_count()), as ONNX Runtime's own LSTM packs its
+// weights once per session. Every failure (no matching export, a missing or
 // mistyped attribute, a wrong rank or shape, seq_len_max outside [0, T], a TVM error) is an
 // OrtStatus: ONNX Runtime raises it, nothing aborts.
 //
@@ -143,7 +144,8 @@ struct ExportedOp {
   std::vector<Attr> attrs;
   ffi::Function func;
   // The prepacked kernel, the function packing w into its panels, the panels' shapes (float32)
-  // and the index of w among the inputs; none without a "prepacked" entry.
+  // and the index of w in params (inputs come first: also its index among the inputs); none
+  // without a "prepacked" entry.
   bool has_prepacked = false;
   ffi::Function prepacked, pack;
   std::vector<std::vector<int64_t>> panels;
@@ -282,12 +284,10 @@ std::vector<std::shared_ptr<const ExportedOp>> LoadExport(const std::string& dir
         }
         op->panels.push_back(std::move(shape));
       }
-      size_t k = 0;
-      for (const Param& param : op->params) {
-        if (!param.input) continue;
-        if (param.name == "w") op->w_input = k;
-        ++k;
+      while (op->w_input < op->params.size() && op->params[op->w_input].name != "w") {
+        ++op->w_input;
       }
+      if (op->w_input == op->params.size()) Fail(dir + ": " + op->op + " has no input w");
     }
     ops.push_back(std::move(op));
   }
@@ -397,10 +397,10 @@ DLTensor CpuTensor(void* data, const std::vector<int64_t>& shape, DLDataType dty
   return t;
 }
 
-// The weight panels of one export's prepacked kernel, made from a constant w.
+// The weight panels of one export's prepacked kernel, made from a constant w (their shapes
+// point into the export's, which lives as long as the process).
 struct Panels {
   Scratch memory;
-  std::vector<std::vector<int64_t>> shapes;
   std::vector<DLTensor> tensors;
 };
 
@@ -417,27 +417,21 @@ std::unique_ptr<Panels> PackConstantW(const OrtKernelInfo* info, const ExportedO
   }
   if (!is_constant || value == nullptr) return nullptr;
   Input w = ReadInput(value);
-  const Param* param = nullptr;
-  for (const Param& p : op.params) {
-    if (p.input && p.name == "w") param = &p;
-  }
-  if (param == nullptr || w.type != param->ort_type || w.shape.size() != param->shape.size()) {
-    return nullptr;
-  }
+  const Param& param = op.params[op.w_input];
+  if (w.type != param.ort_type || w.shape.size() != param.shape.size()) return nullptr;
   for (size_t a = 0; a < w.shape.size(); ++a) {
-    if (w.shape[a] != param->shape[a].value) return nullptr;  // another export's I or H
+    if (w.shape[a] != param.shape[a].value) return nullptr;  // another export's I or H
   }
   auto panels = std::make_unique<Panels>();
-  size_t nbytes = NumBytes(w.shape, param->dtype);
+  size_t nbytes = NumBytes(w.shape, param.dtype);
   void* data = w.data;
   if (!Aligned(data)) {
     data = panels->memory.Get(nbytes);
     std::memcpy(data, w.data, nbytes);
   }
-  DLTensor w_tensor = CpuTensor(data, w.shape, param->dtype);
+  DLTensor w_tensor = CpuTensor(data, w.shape, param.dtype);
   const DLDataType f32{kDLFloat, 32, 1};
-  panels->shapes = op.panels;
-  for (const std::vector<int64_t>& shape : panels->shapes) {
+  for (const std::vector<int64_t>& shape : op.panels) {
     panels->tensors.push_back(CpuTensor(panels->memory.Get(NumBytes(shape, f32)), shape, f32));
   }
   std::vector<ffi::AnyView> args{&w_tensor};
