@@ -20,6 +20,7 @@ import lstm_tvm.export as lte
 from lstm_tvm import cross_compile, env, reference, testing
 from lstm_tvm._tvm import host_arch, resolve_target
 from lstm_tvm.cli import main
+from lstm_tvm.kernels import WEIGHT_PACKS
 from lstm_tvm.registry import OPS
 from lstm_tvm.tuning import database
 
@@ -75,13 +76,13 @@ def _export(folder, dtype, ops=None, peephole=True):
     return folder
 
 
-def _run(program, folder, op_name, inputs, work: Path):
+def _run(program, folder, op_name, inputs, work: Path, *options):
     (work / "in").mkdir(parents=True)
     (work / "out").mkdir()
     for name, value in inputs.items():
         lte.save_tensor(work / "in" / f"{name}.bin", value)
     proc = subprocess.run([QEMU, "-L", str(SYSROOT), str(program), str(folder),
-                           str(work / "in"), str(work / "out"), op_name],
+                           str(work / "in"), str(work / "out"), op_name, *options],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return {n: lte.load_tensor(work / "out" / f"{n}.bin") for n in OPS[op_name].output_names}
@@ -101,10 +102,15 @@ def test_every_op_of_an_aarch64_export_matches_the_reference_under_qemu(runner, 
                                          "sequence" else None)
             if "seq_len_max" in inputs:
                 inputs["seq_len_max"] = np.int64(steps)
-            got = _run(runner, folder, op_name, inputs, tmp_path / f"{op_name}-{B}")
             ref = reference.run(op_name, inputs, attrs)
-            for name, value in got.items():
-                testing.assert_close(value, ref[name], dtype, f"{op_name}.{name} B={B}")
+            # ops that pack w: also their prepacked kernel, on panels packed once
+            runs = [()] + ([("--prepacked",)] if op_name in WEIGHT_PACKS and B > 1 else [])
+            for options in runs:
+                got = _run(runner, folder, op_name, inputs,
+                           tmp_path / f"{op_name}-{B}{''.join(options)}", *options)
+                for name, value in got.items():
+                    testing.assert_close(value, ref[name], dtype,
+                                         f"{op_name}.{name} B={B} {' '.join(options)}")
 
 
 def test_export_without_the_cross_compiler_names_what_to_install(tmp_path, monkeypatch):

@@ -116,29 +116,51 @@ def _cxx_program(tmp_path):
     return tmp_path / "run_block_lstm_grad"
 
 
-def _run_cxx(program, folder, op_name, inputs, work: Path):
+def _run_cxx(program, folder, op_name, inputs, work: Path, *options):
     (work / "in").mkdir(parents=True)
     (work / "out").mkdir()
     for name, value in inputs.items():
         lte.save_tensor(work / "in" / f"{name}.bin", value)
     return subprocess.run([str(program), str(folder), str(work / "in"), str(work / "out"),
-                           op_name], capture_output=True, text=True, timeout=120)
+                           op_name, *options], capture_output=True, text=True, timeout=120)
 
 
-def test_cpp_example(exported, tmp_path):
-    """examples/cpp built with the system compiler runs the exported library from files."""
+@pytest.mark.parametrize("options", [(), ("--prepacked", "--repeat", "3")],
+                         ids=["plain", "prepacked"])
+def test_cpp_example(exported, tmp_path, options):
+    """examples/cpp built with the system compiler runs the exported library from files; with
+    ``--prepacked`` it packs ``w`` once and calls the prepacked kernel (three times here)."""
     folder, _ = exported
     program = _cxx_program(tmp_path)
-    for op_name in ("BlockLSTMGradV2", "LSTMBlockCell"):
+    for op_name in ("BlockLSTMGradV2", "BlockLSTM", "LSTMBlockCell"):
         inputs = _inputs(op_name, seed=7)
-        proc = _run_cxx(program, folder, op_name, inputs, tmp_path / op_name)
+        proc = _run_cxx(program, folder, op_name, inputs, tmp_path / op_name, *options)
         assert proc.returncode == 0, proc.stderr
+        if options:
+            assert f"{op_name} (prepacked): 3 calls, median" in proc.stderr
         got = {n: lte.load_tensor(tmp_path / op_name / "out" / f"{n}.bin")
                for n in OPS[op_name].output_names}
         _assert_matches_reference(op_name, got, inputs)
     bad = dict(_inputs("BlockLSTMGradV2"), seq_len_max=np.int64(T + 1))
-    proc = _run_cxx(program, folder, "BlockLSTMGradV2", bad, tmp_path / "bad")
+    proc = _run_cxx(program, folder, "BlockLSTMGradV2", bad, tmp_path / "bad", *options)
     assert proc.returncode == 1 and "seq_len_max" in proc.stderr
+
+
+def test_cpp_example_refuses(exported, tmp_path):
+    """An op without a prepacked kernel, or a bad option: a message and a nonzero exit."""
+    folder, _ = exported
+    program = _cxx_program(tmp_path)
+    inputs = _inputs("LSTMBlockCellGrad")
+    proc = _run_cxx(program, folder, "LSTMBlockCellGrad", inputs, tmp_path / "cell",
+                    "--prepacked")
+    assert proc.returncode == 1 and "no prepacked kernel in this export" in proc.stderr
+    assert not any((tmp_path / "cell" / "out").iterdir())
+    for options, message in ((("--repeat", "0"), "--repeat expects an integer"),
+                             (("--repeat", "x"), "--repeat expects an integer"),
+                             (("--fast",), "unknown option --fast")):
+        proc = subprocess.run([str(program), str(folder), "in", "out", *options],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and message in proc.stderr and "usage:" in proc.stderr
 
 
 def test_manifest_matches_registry(exported):

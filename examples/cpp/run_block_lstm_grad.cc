@@ -1,6 +1,6 @@
 // Run one op of an lstm_tvm export (default BlockLSTMGradV2) from C++, without Python.
 //
-//   run_block_lstm_grad EXPORT_DIR IN_DIR OUT_DIR [OP]
+//   run_block_lstm_grad EXPORT_DIR IN_DIR OUT_DIR [OP] [--prepacked] [--repeat N]
 //
 // EXPORT_DIR is what `lstm-tvm export -o EXPORT_DIR` wrote (manifest.json + lstm_tvm_ops.so).
 // Every input of OP is read from IN_DIR/<name>.bin and every output is written to
@@ -16,6 +16,12 @@
 // loads the library, Module->GetFunction finds the kernel, and a raw DLTensor* is a valid
 // argument (an AnyView), so plain host buffers are passed without any TVM allocation.
 //
+// --prepacked is how a deployment with fixed weights calls an op: the op's manifest entry
+// "prepacked" names a pack function, called once to fill the float32 panels of w, and a kernel
+// that takes those panels between its inputs and its outputs instead of copying w at every
+// call. --repeat N calls the kernel N times on the same buffers (the last call's outputs are
+// written) and prints the median time of a call to stderr.
+//
 // Build (see README.md, "Deployment"): link libtvm_ffi.so and libtvm_runtime.so, the latter with
 // --no-as-needed: nothing here calls into it, but it must be loaded, because it provides the
 // thread pool and workspace allocator that the compiled kernels call.
@@ -29,6 +35,8 @@
 #include <tvm/ffi/extra/module.h>
 #include <tvm/ffi/function.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -183,11 +191,26 @@ int64_t ScalarArg(const JsonObject& p, const HostTensor& t, const Dims& dims) {
   return value;
 }
 
-// Read the inputs, allocate the outputs and call the function; returns every parameter's tensor.
-std::vector<HostTensor> Run(const ffi::Function& func, const JsonArray& params,
-                            const std::string& in_dir) {
-  std::vector<HostTensor> tensors(params.size());  // never resized: the DLTensor views stay valid
-  std::vector<ffi::AnyView> args(params.size());
+// A function of the library, or an error naming it.
+ffi::Function Lookup(const ffi::Module& mod, const std::string& name) {
+  ffi::Optional<ffi::Function> func = mod->GetFunction(ffi::String(name));
+  if (!func.has_value()) throw std::runtime_error("function " + name + " missing from the library");
+  return *func;
+}
+
+// One call's tensors: every parameter's (inputs read from files, outputs allocated) and the
+// panels of a prepacked kernel, with the argument list that points at them.
+struct Call {
+  std::vector<HostTensor> tensors;  // never resized: the DLTensor views stay valid
+  std::vector<HostTensor> panels;
+  std::vector<ffi::AnyView> args;   // inputs, panels (if any), outputs
+};
+
+// Read the inputs, allocate the outputs and fill call->args in the manifest's order.
+void Prepare(const JsonArray& params, const std::string& in_dir, Call* call) {
+  std::vector<HostTensor>& tensors = call->tensors;
+  tensors.resize(params.size());
+  call->args.resize(params.size());
   Dims dims;
   for (size_t k = 0; k < params.size(); ++k) {  // inputs: read their files, bind T and B
     JsonObject p = params[k].cast<JsonObject>();
@@ -201,7 +224,7 @@ std::vector<HostTensor> Run(const ffi::Function& func, const JsonArray& params,
     JsonObject p = params[k].cast<JsonObject>();
     HostTensor& t = tensors[k];
     if (Str(p.at("kind")) == "scalar") {
-      args[k] = ScalarArg(p, t, dims);  // held by value in the AnyView, as an int64
+      call->args[k] = ScalarArg(p, t, dims);  // held by value in the AnyView, as an int64
       continue;
     }
     if (Str(p.at("role")) == "output") {
@@ -210,42 +233,139 @@ std::vector<HostTensor> Run(const ffi::Function& func, const JsonArray& params,
       t.Allocate(NumElements(t.shape) * (dtype.bits / 8));
       t.Bind(dtype);
     }
-    args[k] = &t.dl;  // a DLTensor* is passed as it is: no copy, no ownership
+    call->args[k] = &t.dl;  // a DLTensor* is passed as it is: no copy, no ownership
   }
-  ffi::Any result;
-  func.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
-  return tensors;
+}
+
+// Allocate the panels the manifest's "prepacked" entry lists, fill them from w with its pack
+// function (once), and put them between the inputs and the outputs of call->args.
+void Pack(const ffi::Module& mod, const JsonObject& packed, const JsonArray& params,
+          Call* call) {
+  JsonArray panels = packed.at("panels").cast<JsonArray>();
+  call->panels.resize(panels.size());
+  std::vector<ffi::AnyView> pack_args;
+  size_t inputs = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    JsonObject p = params[k].cast<JsonObject>();
+    if (Str(p.at("role")) != "input") continue;
+    ++inputs;
+    if (Str(p.at("name")) == "w") pack_args.push_back(&call->tensors[k].dl);
+  }
+  if (pack_args.empty()) throw std::runtime_error("the prepacked kernel has no input w");
+  for (size_t k = 0; k < panels.size(); ++k) {
+    JsonObject p = panels[k].cast<JsonObject>();
+    HostTensor& t = call->panels[k];
+    for (const ffi::Any& d : p.at("shape").cast<JsonArray>()) t.shape.push_back(d.cast<int64_t>());
+    DLDataType dtype = ParseDType(Str(p.at("dtype")));
+    t.Allocate(NumElements(t.shape) * (dtype.bits / 8));
+    t.Bind(dtype);
+    pack_args.push_back(&t.dl);
+  }
+  ffi::Function pack = Lookup(mod, Str(packed.at("pack_function")));
+  ffi::Any ignored;
+  pack.CallPacked(pack_args.data(), static_cast<int32_t>(pack_args.size()), &ignored);
+  std::vector<ffi::AnyView> args(call->args.begin(), call->args.begin() + inputs);
+  for (HostTensor& t : call->panels) args.push_back(&t.dl);
+  args.insert(args.end(), call->args.begin() + inputs, call->args.end());
+  call->args = std::move(args);
+}
+
+// Call func `repeat` times on the same arguments; returns the median seconds of a call.
+double Time(const ffi::Function& func, std::vector<ffi::AnyView>& args, int repeat) {
+  std::vector<double> seconds;
+  for (int r = 0; r < repeat; ++r) {
+    ffi::Any result;
+    auto start = std::chrono::steady_clock::now();
+    func.CallPacked(args.data(), static_cast<int32_t>(args.size()), &result);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+                          .count());
+  }
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  return seconds[seconds.size() / 2];
+}
+
+struct Options {
+  std::string export_dir, in_dir, out_dir, op_name = "BlockLSTMGradV2";
+  bool prepacked = false;
+  int repeat = 1;
+};
+
+Options ParseOptions(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> positional;
+  for (int k = 1; k < argc; ++k) {
+    std::string arg = argv[k];
+    if (arg == "--prepacked") {
+      o.prepacked = true;
+    } else if (arg == "--repeat" && k + 1 < argc) {
+      char* end = nullptr;
+      long n = std::strtol(argv[++k], &end, 10);
+      if (*end != '\0' || n < 1 || n > 1000000) {
+        throw std::invalid_argument("--repeat expects an integer in [1, 1000000], got " +
+                                    std::string(argv[k]));
+      }
+      o.repeat = static_cast<int>(n);
+    } else if (arg.rfind("--", 0) == 0) {
+      throw std::invalid_argument("unknown option " + arg);
+    } else {
+      positional.push_back(arg);
+    }
+  }
+  if (positional.size() < 3 || positional.size() > 4) {
+    throw std::invalid_argument("expected EXPORT_DIR IN_DIR OUT_DIR [OP]");
+  }
+  o.export_dir = positional[0];
+  o.in_dir = positional[1];
+  o.out_dir = positional[2];
+  if (positional.size() == 4) o.op_name = positional[3];
+  return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) {
-    std::cerr << "usage: " << argv[0] << " EXPORT_DIR IN_DIR OUT_DIR [OP]\n";
+  Options o;
+  try {
+    o = ParseOptions(argc, argv);
+  } catch (const std::invalid_argument& err) {
+    std::cerr << err.what() << "\nusage: " << argv[0]
+              << " EXPORT_DIR IN_DIR OUT_DIR [OP] [--prepacked] [--repeat N]\n";
     return 2;
   }
-  const std::string export_dir = argv[1], in_dir = argv[2], out_dir = argv[3];
-  const std::string op_name = argc > 4 ? argv[4] : "BlockLSTMGradV2";
   try {
-    auto manifest = ffi::json::Parse(ReadText(export_dir + "/manifest.json")).cast<JsonObject>();
+    auto manifest = ffi::json::Parse(ReadText(o.export_dir + "/manifest.json")).cast<JsonObject>();
     auto ops = manifest.at("ops").cast<JsonObject>();
-    if (!ops.Get(ffi::String(op_name))) throw std::runtime_error("not in this export");
-    auto op = ops.at(ffi::String(op_name)).cast<JsonObject>();
+    if (!ops.Get(ffi::String(o.op_name))) throw std::runtime_error("not in this export");
+    auto op = ops.at(ffi::String(o.op_name)).cast<JsonObject>();
+    auto packed = op.Get(ffi::String("prepacked"));
+    if (o.prepacked && !packed) {
+      throw std::runtime_error("no prepacked kernel in this export (the op packs no weights, "
+                               "or it was exported with --no-prepacked)");
+    }
 
-    ffi::Module mod = ffi::Module::LoadFromFile(export_dir + "/" + Str(manifest.at("library")));
-    ffi::Optional<ffi::Function> func = mod->GetFunction(op.at("function").cast<ffi::String>());
-    if (!func.has_value()) throw std::runtime_error("function missing from the library");
-
+    ffi::Module mod = ffi::Module::LoadFromFile(o.export_dir + "/" + Str(manifest.at("library")));
     JsonArray params = op.at("params").cast<JsonArray>();
-    std::vector<HostTensor> tensors = Run(*func, params, in_dir);
+    Call call;
+    Prepare(params, o.in_dir, &call);
+    std::string function = Str(op.at("function"));
+    if (o.prepacked) {
+      JsonObject entry = packed->cast<JsonObject>();
+      Pack(mod, entry, params, &call);
+      function = Str(entry.at("function"));
+    }
+    double median = Time(Lookup(mod, function), call.args, o.repeat);
+    if (o.repeat > 1) {
+      std::cerr << o.op_name << (o.prepacked ? " (prepacked)" : "") << ": " << o.repeat
+                << " calls, median " << median * 1e6 << " us\n";
+    }
     for (size_t k = 0; k < params.size(); ++k) {
       JsonObject p = params[k].cast<JsonObject>();
       if (Str(p.at("role")) != "output") continue;
-      WriteTensor(out_dir + "/" + Str(p.at("name")) + ".bin", tensors[k]);
+      WriteTensor(o.out_dir + "/" + Str(p.at("name")) + ".bin", call.tensors[k]);
       std::cout << Str(p.at("name")) << "\n";
     }
   } catch (const std::exception& err) {  // tvm::ffi::Error derives from std::exception
-    std::cerr << op_name << ": " << err.what() << "\n";
+    std::cerr << o.op_name << ": " << err.what() << "\n";
     return 1;
   }
   return 0;
