@@ -1,6 +1,7 @@
 """Call arguments shared by the callables (``CompiledOp``, ``ExportedOp``): binding positional
-and keyword inputs to names, ``out=`` lists, refusing outputs that share memory, and naming the
-argument in the kernel's own argument errors."""
+and keyword inputs to names, ``out=`` lists, refusing outputs that share memory, naming the
+argument in the kernel's own argument errors, and skipping the checks of a call that repeats
+the last one's tensors."""
 
 from __future__ import annotations
 
@@ -114,3 +115,32 @@ class AliasGuard:
         if key != self._passed:
             check_no_alias(self.where, inputs, outputs, self.itemsize)
             self._passed = key  # one assignment: safe under concurrent calls
+
+
+class LastCall:
+    """A callable's last call with ``out=`` whose inputs were all TVM tensors and passed every
+    check, with what the checks found: a call with the very same tensor objects (a serving or
+    training loop) needs none of the checks again, since a TVM tensor's shape, dtype and memory
+    never change. The last call's tensors stay referenced until a call with others."""
+
+    def __init__(self):
+        self._entry: tuple | None = None
+
+    def get(self, inputs: Sequence, out):
+        """What :meth:`remember` stored with these very ``inputs`` and ``out``, else None."""
+        entry = self._entry
+        if entry is not None and out is not None and same_objects(entry[0], inputs) \
+                and same_objects(entry[1], out):
+            return entry[2]
+        return None
+
+    def remember(self, inputs: Sequence, outputs: Sequence, found) -> None:
+        """Store a checked call (every entry of ``inputs`` a TVM tensor)."""
+        self._entry = (tuple(inputs), tuple(outputs), found)  # one assignment: thread-safe
+
+
+def same_objects(a, b) -> bool:
+    """Whether ``b`` is a list or tuple holding the very same objects as ``a`` (anything else,
+    such as a number given as ``out=``, goes to the full checks and their error)."""
+    return (isinstance(b, (list, tuple)) and len(a) == len(b)
+            and all(x is y for x, y in zip(a, b)))

@@ -9,7 +9,7 @@ import numbers
 import numpy as np
 
 from . import build as _build
-from ._args import AliasGuard, bind_inputs, kernel_error, out_list
+from ._args import AliasGuard, LastCall, bind_inputs, kernel_error, out_list
 from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
                    resolve_target, tvm)
 from .cross_compile import is_cross
@@ -57,7 +57,7 @@ class CompiledOp:
         self._roles = {**dict.fromkeys(self.op.input_names, "input"),
                        **dict.fromkeys(self.op.output_names, "output")}
         self._checked: dict[tuple, tuple[dict, dict]] = {}  # shapes and dtypes -> sizes, outputs
-        self._last: tuple | None = None  # (inputs, outputs, sizes) of the last checked out= call
+        self._last = LastCall()
         self._bound: dict = {}  # see bind
         self._free = self.op.input_names  # the inputs a call takes
         self._packs: tuple = ()  # the weight panels of a prepacked kernel
@@ -134,19 +134,15 @@ class CompiledOp:
                                 f"(CompiledOp.bind); this op takes {list(self._free)}")
             inputs.update(self._bound)
         args = [inputs.get(n) for n in self._tensors]
-        last = self._last
-        if (last is not None and out is not None and _same(last[0], args)
-                and _same(last[1], out)):
-            sizes, outputs = last[2], last[1]  # the same tensors as the last call: checked
+        last = self._last.get(args, out)
+        if last is not None:
+            sizes, outputs = last
         else:
             sizes, shapes = self._check(inputs)
             outputs = self._outputs(shapes, out)
             if out is not None:  # outputs allocated here share memory with nothing
                 self._no_alias(dict(zip(self._tensors, args)), dict(zip(shapes, outputs)))
-                # A tensor's shape, dtype and memory never change, so a call with the very
-                # same tensors (a training or serving loop) needs none of these checks again.
-                # The last call's tensors stay referenced until the next call with others.
-                self._last = (tuple(args), tuple(outputs), sizes)
+                self._last.remember(args, outputs, (sizes, outputs))
         if self.op.kind == "sequence":
             args.insert(0, check_seq_len_max(self.op, inputs["seq_len_max"], sizes["T"]))
         if sizes["B"] == 0 or sizes.get("T", 1) == 0:  # nothing to compute: every output is zero
@@ -264,10 +260,3 @@ def _checked_op(op_name):
 def _bindable(spec) -> bool:
     """Whether an input may be bound: a tensor whose shape depends on ``I`` and ``H`` alone."""
     return bool(spec.shape) and not {"T", "B"} & set(spec.shape)
-
-
-def _same(a, b) -> bool:
-    """Whether ``b`` is a list or tuple holding the very same objects as ``a`` (anything else,
-    such as a number given as ``out=``, goes to the full checks and their error)."""
-    return (isinstance(b, (list, tuple)) and len(a) == len(b)
-            and all(x is y for x, y in zip(a, b)))

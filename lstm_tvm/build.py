@@ -24,7 +24,8 @@ from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
 from .kernels import WEIGHT_PACKS, kernel_func, pack_func, pack_func_name
-from .kernels._builder import cpu_kernels, prepacked
+from ._host_arrays import ALIGNMENT
+from .kernels._builder import cpu_kernels, input_align, prepacked
 from .schedule import schedule_for
 
 log = logging.getLogger(__name__)
@@ -134,11 +135,26 @@ def _gemm_blocks(op, dtype, input_size, cell_size, attrs) -> tuple:
     return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs)))
 
 
+def _target(spec: BuildSpec) -> tuple:
+    """``spec``'s target, and the :func:`~.kernels._builder.cpu_kernels` setting its kernels
+    are built under."""
+    target = resolve_target(json.loads(spec.target))
+    return target, cpu_kernels(str(target.kind.name) == "llvm")
+
+
+def input_alignment(spec: BuildSpec) -> int:
+    """The byte alignment ``spec``'s kernel needs of its input tensors' data: the element's
+    size for a CPU, TVM's :data:`~._host_arrays.ALIGNMENT` otherwise."""
+    _, setting = _target(spec)
+    with setting:
+        return input_align(spec.dtype) or ALIGNMENT
+
+
 def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
-    target = resolve_target(json.loads(spec.target))
-    with cpu_kernels(str(target.kind.name) == "llvm"), prepacked(spec.prepacked):
+    target, setting = _target(spec)
+    with setting, prepacked(spec.prepacked):
         func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size,
                            dict(spec.attrs))
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
@@ -158,8 +174,8 @@ def primfuncs(spec: BuildSpec) -> dict:
 def pack_primfunc(spec: BuildSpec):
     """The scheduled PrimFunc ``(w, *panels)`` named :attr:`BuildSpec.pack_func_name` that
     fills the weight panels of a prepacked ``spec``'s kernel."""
-    target = resolve_target(json.loads(spec.target))
-    with cpu_kernels(str(target.kind.name) == "llvm"):
+    target, setting = _target(spec)
+    with setting:
         func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size)
     func = schedule_for(spec.op, func, target)
     return func.with_attr("global_symbol", spec.pack_func_name)

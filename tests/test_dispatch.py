@@ -9,6 +9,9 @@ import lstm_tvm
 from lstm_tvm import _host_arrays, api, build, reference, registry, testing
 from lstm_tvm._tvm import tvm
 
+from _layouts import (LAYOUTS, aligned_copy, big_endian, misaligned_copy,
+                      unaligned_copy)
+
 SEQ = "BlockLSTMGradV2"
 ATTRS = {"use_peephole": True}
 
@@ -57,53 +60,6 @@ def test_a_loop_that_drops_its_outputs_reuses_their_memory():
     assert pointers[1] == pointers[2], "no output kept: the same memory is written again"
 
 
-def _aligned_copy(a):
-    out = _host_arrays.aligned_empty(a.nbytes).view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
-
-
-def _offset_copy(a, offset):
-    buf = _host_arrays.aligned_empty(a.nbytes + 64)
-    out = buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
-    out[...] = a
-    return out
-
-
-def _misaligned_copy(a):
-    """Off a 64-byte boundary by one element: the CPU kernels read it in place."""
-    return _offset_copy(a, a.itemsize)
-
-
-def _unaligned_copy(a):
-    """Off its element's alignment (NumPy's flags.aligned is False): copied."""
-    return _offset_copy(a, 1)
-
-
-def _strided(a):
-    wide = np.zeros(a.shape + (2,), a.dtype)
-    wide[..., 0] = a
-    return wide[..., 0]
-
-
-def _big_endian(a):
-    return a.astype(a.dtype.newbyteorder(">"))
-
-
-def _read_only(a):
-    out = a.copy()
-    out.flags.writeable = False
-    return out
-
-
-def _fortran(a):
-    return np.asfortranarray(a)
-
-
-LAYOUTS = [_aligned_copy, _misaligned_copy, _unaligned_copy, _strided, _big_endian, _read_only,
-           _fortran]
-
-
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda f: f.__name__.strip("_"))
 @pytest.mark.parametrize("big", [False, True], ids=["small", "past the copy threshold"])
 def test_inputs_of_every_layout_give_the_right_answer(layout, big):
@@ -121,11 +77,11 @@ def test_inputs_of_every_layout_give_the_right_answer(layout, big):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_an_input_aligned_to_its_element_is_read_in_place(dtype):
-    for layout in (_aligned_copy, _misaligned_copy):
+    for layout in (aligned_copy, misaligned_copy):
         a = layout(np.ones((128, 64), dtype))
         (tensor,) = _host_arrays.kernel_args([a], f"in-place test {layout.__name__}")
         assert np.shares_memory(np.from_dlpack(tensor), a), layout.__name__
-    b = _unaligned_copy(np.ones((128, 64), dtype))
+    b = unaligned_copy(np.ones((128, 64), dtype))
     assert not b.flags.aligned
     (copied,) = _host_arrays.kernel_args([b], "copy test")
     assert not np.shares_memory(np.from_dlpack(copied), b)
@@ -215,7 +171,7 @@ def test_every_op_reads_inputs_off_a_64_byte_boundary_in_place(op_name, dtype):
     (no staging copy): the kernels load them without assuming more than the element's
     alignment."""
     inputs = _inputs(op_name, B=9, seed=7, dtype=dtype, T=40, I=64, H=48)
-    odd = {k: (_misaligned_copy(v) if v.ndim else v) for k, v in inputs.items()}
+    odd = {k: (misaligned_copy(v) if v.ndim else v) for k, v in inputs.items()}
     big = [k for k, v in odd.items() if v.ndim and v.nbytes >= _host_arrays._COPY_BELOW]
     assert "w" in big
     tensors = _host_arrays.kernel_args([odd[k] for k in big], f"offset test {op_name}")
@@ -244,10 +200,6 @@ def test_a_loop_of_calls_of_one_configuration_is_planned_once(monkeypatch):
     assert planned == ["LSTMBlockCellGrad"]
 
 
-def _be(a):
-    return a.astype(a.dtype.newbyteorder(">"))
-
-
 def _to_numpy(value):
     return value.numpy() if isinstance(value, tvm.runtime.Tensor) else np.asarray(value)
 
@@ -255,7 +207,7 @@ def _to_numpy(value):
 @pytest.mark.parametrize("change, error", [
     (lambda kw: {**kw, "use_peephole": False}, None),
     (lambda kw: {**kw, "cell_clip": 0.25}, None),
-    (lambda kw: {**kw, "x": _be(kw["x"])}, None),
+    (lambda kw: {**kw, "x": big_endian(kw["x"])}, None),
     (lambda kw: {**kw, "h_prev": tvm.runtime.tensor(kw["h_prev"])}, None),
     (lambda kw: {**kw, "target": "llvm"}, None),
     (lambda kw: {**kw, "seq_len_max": np.array(3)}, None),

@@ -22,6 +22,8 @@ from lstm_tvm.kernels import WEIGHT_PACKS
 from lstm_tvm.registry import OPS
 from lstm_tvm.validation import validate_attrs
 
+from _layouts import LAYOUTS, read_only
+
 T, B, I, H, SEQ = 6, 3, 5, 4, 4  # I != H and seq_len_max < T: mix-ups and padding show
 ATTRS = {"use_peephole": True, "cell_clip": 2.5}
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cpp" / "run_block_lstm_grad.cc"
@@ -246,6 +248,83 @@ def test_loader_bind_holds_weights(exported, op_name):
         bound(**_inputs(op_name))
     with pytest.raises(ValueError, match="input 'w' expected shape"):
         op.bind(w=weights["w"][1:])
+
+
+@pytest.fixture(scope="module")
+def exported_wide(tmp_path_factory):
+    """LSTMBlockCell and BlockLSTMV2 at I=H=64, float32: ``w`` (128 x 256, 128 KiB) lies past
+    the size below which NumPy inputs are always copied, so the loader reads it in place."""
+    out = tmp_path_factory.mktemp("export-wide")
+    lte.export(out, ["LSTMBlockCell", "BlockLSTMV2"], input_size=64, cell_size=64,
+               attrs=ATTRS, onnx=False, progress=False)
+    return out
+
+
+def _wide_inputs(op_name, seed):
+    seq = OPS[op_name].kind == "sequence"
+    return testing.make_inputs(op_name, dtype="float32", B=B, I=64, H=64, T=T if seq else None,
+                               seq_len_max=SEQ if seq else None, attrs=ATTRS, seed=seed)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTMV2"])
+def test_loader_takes_numpy_inputs_of_every_layout(exported_wide, op_name, layout, monkeypatch):
+    """NumPy inputs of any layout give the reference's answer, twice with the same arrays
+    (new values between the calls are seen) and once more with ``out=``; a CPU library reads
+    them where they lie or stages them (no per-call device copy); the inputs are unchanged."""
+    op = lte.load(exported_wide)[op_name]
+    assert op._in_place
+    monkeypatch.setattr("lstm_tvm.export.loader._to_device", None)  # a per-call copy fails
+    inputs = _wide_inputs(op_name, seed=3)
+    odd = {k: layout(v) if v.ndim else v for k, v in inputs.items()}
+    before = {k: np.array(v, copy=True) for k, v in odd.items()}
+    got = op(**odd)
+    _assert_matches_reference(op_name, {k: v.numpy() for k, v in got._asdict().items()}, inputs)
+    for k, v in odd.items():
+        np.testing.assert_array_equal(v, before[k], err_msg=f"input {k} was modified")
+    if layout is read_only:
+        return
+    fresh = _wide_inputs(op_name, seed=4)
+    for k, v in odd.items():  # the same arrays, new values
+        if v.ndim:
+            v[...] = fresh[k]
+    again = op(**odd, out=got)
+    _assert_matches_reference(op_name, {k: v.numpy() for k, v in again._asdict().items()},
+                              fresh)
+
+
+def test_loader_rechecks_what_changed_between_calls(exported_wide):
+    """A repeated call skips only the checks its arguments cannot have changed: the same TVM
+    tensors with new values are computed again; a NumPy array reshaped in place, another
+    ``seq_len_max`` and an ``out=`` of another shape are checked again."""
+    op = lte.load(exported_wide)["BlockLSTMV2"]
+    inputs = _wide_inputs("BlockLSTMV2", seed=5)
+    tensors = {k: v if k == "seq_len_max" else tvm.runtime.tensor(v) for k, v in inputs.items()}
+    out = op(**tensors)
+    op(**tensors, out=out)
+    fresh = _wide_inputs("BlockLSTMV2", seed=6)
+    tensors["x"].copyfrom(fresh["x"])
+    got = op(**tensors, out=out)
+    _assert_matches_reference("BlockLSTMV2", {k: v.numpy() for k, v in got._asdict().items()},
+                              {**inputs, "x": fresh["x"]})
+    with pytest.raises(ValueError, match=r"input 'seq_len_max' expected 0 <= seq_len_max <= 6"):
+        op(**{**tensors, "seq_len_max": T + 1}, out=out)
+    short = op(**{**tensors, "x": tvm.runtime.tensor(fresh["x"][:-1])})
+    with pytest.raises(ValueError, match="output 'i' expected float32"):
+        op(**tensors, out=short)
+    arrays = {k: np.array(v, copy=True) for k, v in inputs.items()}
+    op(**arrays)
+    arrays["x"].shape = (T * B, 1, 64)  # the same array object, another shape
+    with pytest.raises(ValueError, match=r"input 'cs_prev' expected shape \['B', 64\] "
+                                         r"\(T=18, B=1\)"):
+        op(**arrays)
+
+
+def test_manifest_input_alignment_is_the_element_size(exported):
+    """A CPU library's kernels read inputs aligned to their element (the in-place reads
+    above rely on it); what callers allocate stays 64-byte aligned."""
+    _, manifest = exported
+    assert manifest["input_alignment"] == 4 and manifest["alignment"] == 64
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ Layout (format :data:`FORMAT_VERSION`)::
 
     {"format": "lstm_tvm.export", "format_version": 1,
      "library": "lstm_tvm_ops.so", "library_sha256": "...",
-     "calling_convention": "...", "alignment": 64,
+     "calling_convention": "...", "alignment": 64, "input_alignment": 4,
      "dtype": "float32", "sizes": {"I": 32, "H": 32}, "dynamic_dims": ["T", "B"],
      "target": {...target JSON...}, "tvm_version": "...", "lstm_tvm_version": "...",
      "kernel_version": "1",
@@ -30,6 +30,10 @@ must check (the kernels do not). ``schedule_records`` lists the tuning records r
 the op's GEMM blocks: ``{"block", "task", "trace"}`` with the task it was tuned as and
 MetaSchedule's JSON trace (empty: the rule-based schedules throughout).
 
+``alignment`` is the byte alignment of every tensor a caller allocates (outputs, panels);
+``input_alignment`` (optional, else ``alignment``) what the kernels need of the inputs' data:
+the element's size in a CPU library, which reads inputs wherever they lie.
+
 ``prepacked`` (optional: the sequence ops and ``LSTMBlockCell`` of an export with prepacked
 kernels) names a second kernel that takes, between the inputs and the outputs, the float32
 ``panels`` of ``w`` (which the first one copies at every call or reads in place), and the
@@ -44,6 +48,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 
+from .. import _host_arrays
 from .. import build as _build
 from .._tvm import tvm
 from ..kernels import WEIGHT_PACKS
@@ -57,15 +62,16 @@ FORMAT = "lstm_tvm.export"
 FORMAT_VERSION = 1
 LIBRARY = "lstm_tvm_ops.so"
 MANIFEST = "manifest.json"
-#: Byte alignment the kernels assume for tensor data (TVM's ``kAllocAlignment``); unchecked:
-#: the LLVM code uses aligned vector stores, so a misaligned buffer crashes.
-ALIGNMENT = 64
+#: Byte alignment the kernels assume for tensor data they write (TVM's ``kAllocAlignment``);
+#: unchecked: the LLVM code uses aligned vector stores, so a misaligned buffer crashes.
+ALIGNMENT = _host_arrays.ALIGNMENT
 #: Size symbols that stay symbolic in the compiled functions.
 DYNAMIC_DIMS = ("T", "B")
 
 CALLING_CONVENTION = (
     "destination passing: inputs then outputs in params order; scalar params by value (int64), "
-    f"tensors as compact CPU DLTensors with data aligned to {ALIGNMENT} bytes; no result")
+    f"tensors as compact CPU DLTensors with data aligned to {ALIGNMENT} bytes (inputs: to "
+    "input_alignment); no result")
 
 
 def schedule_records(spec: _build.BuildSpec) -> list:
@@ -134,6 +140,7 @@ def make_manifest(specs: Sequence[_build.BuildSpec], library_sha256: str,
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "library": LIBRARY, "library_sha256": library_sha256,
         "calling_convention": CALLING_CONVENTION, "alignment": ALIGNMENT,
+        "input_alignment": _build.input_alignment(first),
         "dtype": first.dtype, "sizes": {"I": first.input_size, "H": first.cell_size},
         "dynamic_dims": list(DYNAMIC_DIMS), "target": json.loads(first.target),
         "tvm_version": tvm.__version__, "lstm_tvm_version": __version__,
