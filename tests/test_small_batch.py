@@ -14,6 +14,7 @@ import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
 from lstm_tvm._tvm import Schedule, tirx
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
+from lstm_tvm.kernels.cell_grad_matmul import DOTS_BELOW
 from lstm_tvm.kernels._builder import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
                                       SINGLE_ROWS_BELOW)
 from lstm_tvm.schedule.blocks import leaf_blocks, time_steps
@@ -214,3 +215,33 @@ def test_a_short_sequence_reads_w_in_place():
     assert {"w_panels", "xw_update", "xw_short_update", "gates_rows_short_update"} <= names
     assert "w_panels_short" not in names
     assert len(time_steps(sch)) == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("I, H", [(8, 16), (5, 3)])  # 4H = 12: partial sums of 4 lanes
+def test_cell_grad_matmul_on_both_sides_of_its_dot_products(I, H, dtype):
+    """Below ``DOTS_BELOW`` rows the unbound ``CellGradMatmul`` computes ``x_grad`` and
+    ``h_prev_grad`` as dot products along ``w``'s rows, from there as the transposed GEMM;
+    both sides (and an empty batch) against the float64 reference."""
+    for B in sorted({0, 1, 2, DOTS_BELOW - 1, DOTS_BELOW, DOTS_BELOW + 2}):
+        rng = np.random.default_rng(B)
+        args = [rng.uniform(-1, 1, shape).astype(dtype)
+                for shape in ((B, I), (B, H), (I + H, 4 * H), (B, 4 * H))]
+        got = lstm_tvm.cell_grad_matmul(*args)
+        ref = reference.cell_grad_matmul(*args)
+        for name in got._fields:
+            testing.assert_close(getattr(got, name), ref[name], dtype, f"{name} B={B}")
+
+
+def test_cell_grad_matmul_dot_products_are_scheduled():
+    """The dot products' partial sums are vectorised along their lanes, the reduction outside
+    (a lane loop of 16 float32 per row of ``w``)."""
+    spec = build.make_spec(registry.CELL_GRAD_MATMUL, "float32", 8, 16, {}, "llvm")
+    failures = []
+    text = build.primfunc(spec, failures).script()
+    assert failures == []
+    assert 'T.sblock("xh_grad_t_init")' in text  # the GEMM of the larger batches
+    lines = text.splitlines()
+    update = next(k for k, line in enumerate(lines) if 'T.sblock("xh_grad_lanes_update")' in line)
+    assert "in T.vectorized(16)" in lines[update - 1]
+    assert "in T.serial(" in lines[update - 2] or "in range(" in lines[update - 2]  # 4H / 16

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (PANEL, T, by_work, flat, gemm, kernel, padded, prepacked_weights,
-                       reduction, row_chunks, spatial, step_gemm, step_views, temp, zero)
+from ._builder import (PANEL, T, by_work, cpu_variants, flat, gemm, kernel, padded,
+                       prepacked_weights, reduction, row_chunks, spatial, step_gemm, step_views,
+                       temp, zero)
 from ._gates import ACC, f32, store
 from ._weights import weight_panels
 from .block_lstm_grad import weight_packs
@@ -21,12 +22,20 @@ W_GRAD_CHUNK = 64
 #: the GEMM's vectorised column tiles need no bounds checks; its operand and result are stored
 #: as panels of that many columns (static row strides).
 BATCH_COLUMNS = PANEL
+#: Batches below this many rows get ``x_grad`` and ``h_prev_grad`` as dot products along
+#: ``w``'s rows (:func:`_xh_grad_dots`) when ``w`` is not packed (B=6 1.15-1.4x the padded
+#: GEMM, B=8 slower: docs/performance.md).
+DOTS_BELOW = 7
+#: Partial sums per dot product (a 512-bit vector of float32; LLVM splits it for narrower).
+DOT_LANES = 16
 
 
 def cell_grad_matmul(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
     """The helper's kernel (``op`` is its registry entry; it has no attributes).
 
-    ``xh_grad`` is computed transposed, ``xh_grad^T = w @ dicfo^T`` (block ``xh_grad_t``), so
+    Below :data:`DOTS_BELOW` batch rows on a CPU, ``xh_grad`` is dot products along ``w``'s
+    rows (:func:`_xh_grad_dots`). From there (and on GPUs) it is computed transposed,
+    ``xh_grad^T = w @ dicfo^T`` (block ``xh_grad_t``), so
     the large operand ``w`` is read as stored, along its rows, and only the small ``dicfo``
     is transposed (block ``dicfo_t``, batch columns padded to :data:`BATCH_COLUMNS`, both
     stored as panels of them).
@@ -45,8 +54,16 @@ def cell_grad_matmul(op: OpSpec, dtype: str, input_size: int, cell_size: int, at
         B = size["B"]
         if prepacked_weights():
             _xh_grad_rows(buf, dtype, B, I, H, [weight_panels(buf, p) for p in packs])
-        else:
+        elif not cpu_variants():
             _xh_grad_transposed(buf, dtype, B, I, H)
+        elif isinstance(B, (int, tirx.IntImm)):  # tuning tasks: the version B takes
+            (_xh_grad_dots if int(B) < DOTS_BELOW else _xh_grad_transposed)(buf, dtype, B, I, H)
+        else:
+            with T.If(B < DOTS_BELOW):
+                with T.Then():
+                    _xh_grad_dots(buf, dtype, B, I, H)
+                with T.Else():
+                    _xh_grad_transposed(buf, dtype, B, I, H)
         bg = temp("bg", (G,))
         if dtype == ACC:
             _w_grad_in_place(buf, B, I, H)
@@ -79,6 +96,28 @@ def _xh_grad_transposed(buf, dtype, B, I, H):
         buf["x_grad"], store(xhg_t[n // PANEL, k, n % PANEL], dtype), [n, k]))
     spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
         buf["h_prev_grad"], store(xhg_t[n // PANEL, I + k, n % PANEL], dtype), [n, k]))
+
+
+def _xh_grad_dots(buf, dtype, B, I, H):
+    """``xh_grad[n, k] = dicfo[n] . w[k]`` as dot products along ``w``'s rows, read in place:
+    :data:`DOT_LANES` partial sums per product (block ``xh_grad_lanes``, vectorised along
+    them, the reduction outside), then their sum (``xh_grad_sum``). Each product reads a row of
+    ``w`` once per batch row: below :data:`DOTS_BELOW` rows that costs less than the
+    transposed GEMM's columns padded to :data:`BATCH_COLUMNS`."""
+    G = 4 * H
+    lanes = next(n for n in (DOT_LANES, 8, 4) if G % n == 0)  # 4H: 4 always divides it
+    dicfo, w = buf["dicfo"], buf["w"]
+    part = temp("xh_grad_lanes", (I + H, B, lanes))
+    reduction("xh_grad_lanes", part, (I + H, B, lanes), (G // lanes,),
+              lambda k, n, e: (k, n, e),
+              lambda s, r: f32(dicfo[s[1], r[0] * lanes + s[2]])
+              * f32(w[s[0], r[0] * lanes + s[2]]))
+    xhg = temp("xh_grad_sum", (B, I + H))
+    reduction("xh_grad_sum", xhg, (B, I + H), (lanes,), lambda n, k: (n, k),
+              lambda s, r: part[s[1], s[0], r[0]])
+    for name, out, first, cols in (("x_grad", "x_grad", 0, I), ("h_grad", "h_prev_grad", I, H)):
+        spatial(f"{name}_dots_out", (B, cols), lambda n, k, out=out, first=first: (
+            T.buffer_store(buf[out], store(xhg[n, first + k], dtype), [n, k])))
 
 
 def _xh_grad_rows(buf, dtype, B, I, H, w_t):
