@@ -57,11 +57,7 @@ class ExportedOp:
         self._bound: dict = {}  # see bind
         self._packs: list = []  # the panels of the prepacked kernel
         self.inputs = [p for p in entry["params"] if p["role"] == "input"]
-        self._tensor_params = [p for p in self.inputs if p["kind"] == "tensor"]
-        self._tensor_names = [p["name"] for p in self._tensor_params]
-        self._scalar_params = [p for p in self.inputs if p["kind"] == "scalar"]
-        self._positions = ([self.inputs.index(p) for p in self._scalar_params]
-                           + [self.inputs.index(p) for p in self._tensor_params])
+        self._layout()
         self._checked: dict = {}  # NumPy inputs' shapes and dtypes -> dims (checked)
         self._last = LastCall()
         self._last_out: tuple | None = None  # (dims, out=) of the last out= that passed
@@ -85,19 +81,19 @@ class ExportedOp:
         :meth:`lstm_tvm.CompiledOp.bind`: inputs whose manifest shape has no dynamic dim,
         checked and copied now. Where the manifest lists a ``prepacked`` kernel and ``w`` is
         bound, the returned op calls it on panels its ``pack_function`` makes here, once."""
-        free = [p for p in self.inputs if p["name"] not in self._bound]
-        allowed = [p["name"] for p in free if p["kind"] == "tensor" and not p["dynamic"]]
+        allowed = {p["name"]: p for p in self._tensor_params if not p["dynamic"]}
         held: dict = {}
         for name, value in constants.items():
             if name not in allowed:
                 raise TypeError(f"{self.name}: bind() takes inputs whose shape has no T or B "
-                                f"({allowed}), got {name!r}")
-            checked = self._check(next(p for p in free if p["name"] == name), value, {})
+                                f"({list(allowed)}), got {name!r}")
+            checked = self._check(allowed[name], value, {})
             if isinstance(checked, tvm.runtime.Tensor):
                 checked = checked.numpy()
             held[name] = _to_device(checked, self.device)
         bound = copy.copy(self)
         bound._bound = {**self._bound, **held}
+        bound._layout()
         bound._checked, bound._last, bound._last_out = {}, LastCall(), None
         packed = self.entry.get("prepacked")
         if packed and "w" in held:
@@ -138,7 +134,7 @@ class ExportedOp:
                 if key is None and all(isinstance(v, tvm.runtime.Tensor) for v in given):
                     self._last.remember(given, outputs, (dims, tensors, outputs))
         call_args = [None] * len(self.inputs)
-        for position, value in zip(self._positions, [*scalars, *tensors]):
+        for position, value in zip(self._positions, [*scalars, *tensors, *self._held]):
             call_args[position] = value
         try:
             self.func(*call_args, *self._packs, *outputs)
@@ -146,8 +142,22 @@ class ExportedOp:
             raise kernel_error(self.name, err, self._roles) from err
         return self.result_type(*outputs)
 
+    def _layout(self) -> None:
+        """Sort the inputs a call takes (scalars, tensors) from the bound ones, and note where
+        each goes in the function's arguments."""
+        free = [p for p in self.inputs if p["name"] not in self._bound]
+        self._free_names = [p["name"] for p in free]
+        self._scalar_params = [p for p in free if p["kind"] == "scalar"]
+        self._tensor_params = [p for p in free if p["kind"] == "tensor"]
+        self._tensor_names = [p["name"] for p in self._tensor_params]
+        self._held = list(self._bound.values())  # checked and copied by bind
+        names = [p["name"] for p in self.inputs]
+        self._positions = [names.index(n) for n in [
+            *(p["name"] for p in self._scalar_params), *self._tensor_names, *self._bound]]
+
     def _bind(self, args, kwargs) -> dict:
-        names = [p["name"] for p in self.inputs if p["name"] not in self._bound]
+        """The call's inputs by name (the bound ones not among them)."""
+        names = self._free_names
         values = bind_inputs(self.name, names, args, kwargs)
         missing = [n for n in names if n not in values]
         unknown = [n for n in values if n not in names]
@@ -155,7 +165,7 @@ class ExportedOp:
             bound = f" ({sorted(self._bound)} bound)" if self._bound else ""
             raise TypeError(f"{self.name}: missing inputs {missing}, unexpected inputs "
                             f"{unknown}; expected {names}{bound}")
-        return {**values, **self._bound}
+        return values
 
     def _scalars(self, values: dict, dims: Mapping[str, int]) -> list[int]:
         """The scalar inputs (``seq_len_max``) as ints, checked against their ``range``."""
