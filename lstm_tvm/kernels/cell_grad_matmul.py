@@ -107,14 +107,14 @@ def _xh_grad_dots(buf, dtype, B, I, H):
     G = 4 * H
     lanes = next(n for n in (DOT_LANES, 8, 4) if G % n == 0)  # 4H: 4 always divides it
     dicfo, w = buf["dicfo"], buf["w"]
-    part = temp("xh_grad_lanes", (I + H, B, lanes))
+    part = temp("xh_grad_lanes", (B, I + H, lanes))  # constant row strides (test_schedule)
     reduction("xh_grad_lanes", part, (I + H, B, lanes), (G // lanes,),
-              lambda k, n, e: (k, n, e),
+              lambda k, n, e: (n, k, e),
               lambda s, r: f32(dicfo[s[1], r[0] * lanes + s[2]])
               * f32(w[s[0], r[0] * lanes + s[2]]))
     xhg = temp("xh_grad_sum", (B, I + H))
     reduction("xh_grad_sum", xhg, (B, I + H), (lanes,), lambda n, k: (n, k),
-              lambda s, r: part[s[1], s[0], r[0]])
+              lambda s, r: part[s[0], s[1], r[0]])
     for name, out, first, cols in (("x_grad", "x_grad", 0, I), ("h_grad", "h_prev_grad", I, H)):
         spatial(f"{name}_dots_out", (B, cols), lambda n, k, out=out, first=first: (
             T.buffer_store(buf[out], store(xhg[n, first + k], dtype), [n, k])))
