@@ -21,6 +21,8 @@ from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as TB
 
+from .env import usable_cores
+
 __all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "SBlock", "SBlockRealize",
            "resolve_target", "target_key", "host_cpu", "device_for", "configure_threads",
            "DEFAULT_CUDA_ARCH", "cuda_arch", "target_name", "build_scope", "device_exists",
@@ -201,9 +203,9 @@ def configure_threads() -> int:
     for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(var):
             return int(os.environ[var])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ["TVM_NUM_THREADS"] = str(cores or 1)
-    return cores or 1
+    cores = usable_cores()
+    os.environ["TVM_NUM_THREADS"] = str(cores)
+    return cores
 
 
 def device_for(target: "tvm.target.Target", index: int = 0):

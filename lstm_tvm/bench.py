@@ -41,6 +41,7 @@ import numpy as np
 
 from . import bench_peers as peers
 from ._cli_common import format_table, parse_shapes
+from .env import usable_cores
 from .registry import forget_bias_of, get_op
 
 __all__ = ["DEFAULT_SHAPES", "LATENCY_SHAPES", "run", "render", "parse_shapes", "case_ops",
@@ -90,17 +91,37 @@ def case_bytes(case: str, dtype: str, T: int, B: int, I: int, H: int) -> int:
 
 
 def machine() -> dict:
-    """CPU model (from /proc/cpuinfo) and the number of usable cores."""
-    model = "unknown CPU"
+    """The CPU: its model name, vendor, family and model (from /proc/cpuinfo; a VM may report
+    only a generic name), LLVM's name for it (``mcpu``), its widest vector extension, the key
+    its tuning records go under, and the number of usable cores."""
+    from ._tvm import host_cpu, resolve_target
+    from .schedule.traits import cpu_traits
+    from .tuning.database import target_key
+
+    fields = {}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+            key, _, value = line.partition(":")
+            if not key.strip():
+                break  # the first processor's block
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": model, "cores": cores or 1}
+    target = resolve_target("llvm")
+    return {"cpu": fields.get("model name", "unknown CPU"), "vendor": fields.get("vendor_id"),
+            "family": fields.get("cpu family"), "model": fields.get("model"),
+            "mcpu": host_cpu(), "extension": cpu_traits(target).extension,
+            "records_key": target_key(target), "cores": usable_cores()}
+
+
+
+def describe_machine(m: dict) -> str:
+    """``machine()`` in one phrase, as the bench headers print it."""
+    ident = " ".join(f"{k} {m[k]}" for k in ("family", "model") if m.get(k) is not None)
+    vendor = f"{m['vendor']} {ident}".strip() if m.get("vendor") else ident
+    return (f"{m['cpu']}{f' ({vendor})' if vendor else ''}, LLVM mcpu {m.get('mcpu', '?')}, "
+            f"{m.get('extension', '?')}, records key {m.get('records_key', '?')}, "
+            f"{m['cores']} cores")
 
 
 def versions() -> dict:
@@ -269,7 +290,7 @@ def render(report: dict) -> str:
     head = (f"threads {meta['threads']}, repeat {meta['repeat']} (medians), warmup "
             f"{meta['warmup']}, dtype {meta['dtype']}, isolate {meta['isolate']}, isa "
             f"{meta.get('isa', 'native')}, machine: "
-            f"{m['cpu']}, {m['cores']} cores, load avg {meta['load_avg'][0]:.2f} -> "
+            f"{describe_machine(m)}, load avg {meta['load_avg'][0]:.2f} -> "
             f"{meta['load_avg'][1]:.2f} (1 min, whole machine)")
     vers = ", ".join(f"{k} {val}" for k, val in v.items() if val)
     table = format_table(

@@ -80,3 +80,9 @@ def _roots(user: Path, shipped: Path | None) -> tuple[tuple[str, Path], ...]:
     if shipped is not None and shipped.resolve() != user.resolve():
         roots += (("shipped", shipped),)
     return roots
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's count)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return cores or 1

@@ -7,7 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from lstm_tvm import bench, bench_peers
+from lstm_tvm import _tvm, bench, bench_peers
+from lstm_tvm.tuning import database
 from lstm_tvm.cli import main
 
 TINY = ["--shapes", "4x2x8x8", "--repeat", "1", "--warmup", "0"]
@@ -54,6 +55,12 @@ def test_every_case_and_impl(tmp_path):
     meta = data["meta"]
     assert meta["threads"] >= 1 and meta["repeat"] == 1 and meta["machine"]["cores"] >= 1
     assert f"threads {meta['threads']}, repeat 1" in output and meta["machine"]["cpu"] in output
+    # the CPU as the records and the schedules see it, whatever name a VM reports
+    target = _tvm.resolve_target("llvm")
+    assert meta["machine"]["records_key"] == database.target_key(target)
+    assert meta["machine"]["mcpu"] == _tvm.host_cpu()
+    assert f"records key {database.target_key(target)}" in output
+    assert f"LLVM mcpu {_tvm.host_cpu()}" in output
 
 
 def test_missing_peers_are_reported(tmp_path, monkeypatch):

@@ -174,7 +174,10 @@ if __name__ == "__main__":
     sys.exit(pytest.main([__file__]))
 
 
-def test_build_says_which_tuning_records_it_uses(tmp_path, monkeypatch):
+def test_build_says_which_machine_and_tuning_records_it_uses(tmp_path, monkeypatch):
+    """The summary names the CPU as the schedules and the records see it (LLVM's ``mcpu``, the
+    records key), whatever model name the machine reports, and the records it uses."""
+    from lstm_tvm._tvm import host_cpu
     from lstm_tvm.tuning import database
 
     monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(tmp_path / "user"))
@@ -184,3 +187,5 @@ def test_build_says_which_tuning_records_it_uses(tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     key = database.target_key(resolve_target())
     assert f"tuning records: none for {key}: rule-based default schedules" in result.output
+    machine = next(line for line in result.output.splitlines() if line.startswith("machine: "))
+    assert f"LLVM mcpu {host_cpu()}" in machine and f"records key {key}" in machine

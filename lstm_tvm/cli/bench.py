@@ -11,7 +11,8 @@ import click
 
 from .. import bench_peers as peers
 from .._cli_common import parse_shapes, split_choices
-from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, machine, render, run
+from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, render, run
+from ..env import usable_cores
 from ..registry import DTYPES
 
 __all__ = ["command"]
@@ -26,7 +27,7 @@ __all__ = ["command"]
               help="Timed calls per case; the median is reported.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(0),
               help="Untimed calls before the timed ones.")
-@click.option("--threads", type=click.IntRange(1), default=machine()["cores"],
+@click.option("--threads", type=click.IntRange(1), default=usable_cores(),
               show_default="all cores", help="Threads of every runtime.")
 @click.option("--only", default=",".join(peers.IMPLS), show_default=True,
               help="Comma list of implementations to run.")

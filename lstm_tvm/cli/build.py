@@ -24,6 +24,7 @@ from .. import env, reference, testing
 from .._cli_common import format_table, split_choices, target_option
 from .._tvm import missing_device_error, resolve_target
 from ..api import compile as _compile
+from ..bench import describe_machine, machine
 from ..registry import DTYPES, OPS
 from ..tuning.database import describe_use
 
@@ -176,6 +177,7 @@ def command(ops_, dtypes, peephole, json_path, no_cache, **opts):
     click.echo(f"target: {opts['target']}   shape: T={shape['seq_len']} B={shape['batch']} "
                f"I={shape['input_size']} H={shape['cell_size']}   cache: "
                f"{'fresh temporary dir' if no_cache else cache}   repeat: {opts['repeat']}")
+    click.echo(f"machine: {describe_machine(machine())}")
     click.echo(f"tuning records: {describe_use(resolve_target(opts['target']))}")
     click.echo(format_table(("op", "dtype", "peephole", "compile s", "run ms", "max abs err",
                              "worst", "tol (rtol/atol)", "result"),
