@@ -114,7 +114,6 @@ def machine() -> dict:
             "records_key": target_key(target), "cores": usable_cores()}
 
 
-
 def describe_machine(m: dict) -> str:
     """``machine()`` in one phrase, as the bench headers print it."""
     ident = " ".join(f"{k} {m[k]}" for k in ("family", "model") if m.get(k) is not None)

@@ -92,10 +92,7 @@ def _xh_grad_transposed(buf, dtype, B, I, H):
         d_t, tirx.if_then_else(n < B, f32(dicfo[n, j]), zero()), [n // PANEL, j, n % PANEL]))
     gemm("xh_grad_t", xhg_t, I + H, cols, G, lambda k, j: f32(w[k, j]),
          lambda j, n: d_t[n // PANEL, j, n % PANEL], pad=False, out_panels=True)
-    spatial("x_grad_out", (B, I), lambda n, k: T.buffer_store(
-        buf["x_grad"], store(xhg_t[n // PANEL, k, n % PANEL], dtype), [n, k]))
-    spatial("h_prev_grad_out", (B, H), lambda n, k: T.buffer_store(
-        buf["h_prev_grad"], store(xhg_t[n // PANEL, I + k, n % PANEL], dtype), [n, k]))
+    _store_xh_grad(buf, dtype, B, I, H, lambda n, k: xhg_t[n // PANEL, k, n % PANEL])
 
 
 def _xh_grad_dots(buf, dtype, B, I, H):
@@ -115,9 +112,15 @@ def _xh_grad_dots(buf, dtype, B, I, H):
     xhg = temp("xh_grad_sum", (B, I + H))
     reduction("xh_grad_sum", xhg, (B, I + H), (lanes,), lambda n, k: (n, k),
               lambda s, r: part[s[0], s[1], r[0]])
-    for name, out, first, cols in (("x_grad", "x_grad", 0, I), ("h_grad", "h_prev_grad", I, H)):
-        spatial(f"{name}_dots_out", (B, cols), lambda n, k, out=out, first=first: (
-            T.buffer_store(buf[out], store(xhg[n, first + k], dtype), [n, k])))
+    _store_xh_grad(buf, dtype, B, I, H, lambda n, k: xhg[n, k], suffix="_dots")
+
+
+def _store_xh_grad(buf, dtype, B, I, H, read, suffix=""):
+    """``x_grad`` and ``h_prev_grad`` (blocks ``<output>_out<suffix>``) from ``read(n, k)``,
+    ``xh_grad``'s element of batch row ``n`` and column ``k < I + H``."""
+    for out, first, cols in (("x_grad", 0, I), ("h_prev_grad", I, H)):
+        spatial(f"{out}_out{suffix}", (B, cols), lambda n, k, out=out, first=first: (
+            T.buffer_store(buf[out], store(read(n, first + k), dtype), [n, k])))
 
 
 def _xh_grad_rows(buf, dtype, B, I, H, w_t):
