@@ -20,7 +20,7 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import (K_SLAB, PANEL, ROW_TILE, T, by_work, cpu_variants, flat, gemm, kernel,
-                       padded, panel_scratch, panels, reduction, row_chunks, spatial,
+                       padded, panel_scratch, panels, reduction, rest_view, row_chunks, spatial,
                        step_gemm, step_views, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from ._weights import WeightPack, weight_panels
@@ -182,6 +182,7 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     transposed = cpu_variants() and I + H >= W_GRAD_TRANSPOSED_FROM
     a = temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
     d_scratch = panel_scratch("w_grad_d", chunk, G)
+    acc_rest = rest_view(acc)
 
     def pack(name, rows, cols, first_col, value):
         """``a`` at the chunk's rows ``< rows``, columns ``first_col + k``: ``value(r, k)``
@@ -204,7 +205,8 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         pack(f"{prefix}_pack_h", rows, H, I, h_before)
         d = panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
         gemm(prefix, acc, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
-             pad=False, init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()))
+             pad=False, init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()),
+             rest_out=acc_rest)
 
     tail = cpu_variants()  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
@@ -246,6 +248,7 @@ def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
     M, G = L * B, 4 * H
     x_grad = flat(buf["x_grad"], Tn * B)
     xg = temp("xg", (X_GRAD_CHUNK, I))
+    xg_rest = rest_view(xg)
 
     def out(prefix, first, count):
         spatial(prefix, (count, I), lambda r, k:
@@ -255,12 +258,12 @@ def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
     whole = M // X_GRAD_CHUNK * X_GRAD_CHUNK if tail else M
     with row_chunks("x_grad_chunk", whole, X_GRAD_CHUNK) as (first, count):
         gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
-             lambda r, j: dicfo[first + r, j], w_tx, pad=False)
+             lambda r, j: dicfo[first + r, j], w_tx, pad=False, rest_out=xg_rest)
         out("x_grad_out", first, count)
     if tail:
         with row_chunks("x_grad_tail_chunk", M - whole, X_GRAD_CHUNK):
             gemm("x_grad_tail_gemm", xg, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
-                 w_tx)
+                 w_tx, rest_out=xg_rest)
             out("x_grad_tail_out", whole, M - whole)
     spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(
         x_grad, zero(dtype), [M + r, k]))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import (PANEL, T, by_work, cpu_variants, flat, gemm, kernel, padded,
-                       prepacked_weights, reduction, row_chunks, spatial, step_gemm, step_views,
-                       temp, zero)
+                       prepacked_weights, reduction, rest_view, row_chunks, spatial, step_gemm,
+                       step_views, temp, zero)
 from ._gates import ACC, f32, store
 from ._weights import weight_panels
 from .block_lstm_grad import weight_packs
@@ -174,11 +174,12 @@ def _w_grad_by_chunks(buf, dtype, B, I, H):
     G = 4 * H
     for name, rows, first_row, src in _w_grad_parts(buf, I, H):
         wg = temp(f"{name}_scratch", (W_GRAD_CHUNK, G))
+        wg_rest = rest_view(wg)
         with row_chunks(f"{name}_chunk", rows, W_GRAD_CHUNK) as (first, count):
             gemm(name, wg, W_GRAD_CHUNK, G, B,
                  lambda r, n, src=src, rows=rows, first=first: f32(
                      src[n, tirx.min(first + r, rows - 1)]),
-                 lambda n, j: f32(buf["dicfo"][n, j]), pad=False)
+                 lambda n, j: f32(buf["dicfo"][n, j]), pad=False, rest_out=wg_rest)
             spatial(f"{name}_out", (count, G),
                     lambda r, j, wg=wg, first=first, first_row=first_row: T.buffer_store(
                         buf["w_grad"], store(wg[r, j], dtype), [first_row + first + r, j]))

@@ -48,6 +48,17 @@ class CpuTraits:
         (256 with AVX-512, 64 with AVX2 or NEON)."""
         return self.vector_registers // 2 * self.lanes("float32")
 
+    @property
+    def tile_rows(self) -> int:
+        """Rows of a float32 GEMM register tile two vectors wide beyond what
+        :attr:`accumulators` allow, or 0. With AVX2's 16 registers: 6 (6x16, 12 accumulator
+        registers, two for the right operand's row and one for a broadcast), against 4x16's 8,
+        which leave the FMA latency exposed (Haswell keeps 10 in flight; on a Zen 5 the step
+        GEMM of 32x1024x256 ran at 252 GFLOP/s against 218, 94% of AVX2's FMA peak;
+        docs/performance.md). Not measured elsewhere: 0."""
+        x86_avx = self.arch == "x86_64" and self.vector_bits == 256
+        return (self.vector_registers - 3) // 2 if x86_avx else 0
+
 
 def cpu_traits(target) -> CpuTraits:
     """The :class:`CpuTraits` of an ``llvm`` target (a ``tvm.target.Target``)."""

@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from .. import env
+from ..build import kernel_setting
 from ..cross_compile import export_options
 from .._tvm import configure_threads, meta_schedule, resolve_target
 from ..registry import HELPERS, OPS, get_op
@@ -61,8 +62,10 @@ class TaskResult:
         return self.requested > self.space_size and self.distinct >= self.space_size
 
 
-def collect_tasks(ops, dtypes, shapes) -> list[Task]:
-    """The distinct GEMM tasks of ``ops`` x ``dtypes`` x ``shapes`` (``(T, B, I, H)`` tuples).
+def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
+    """The distinct GEMM tasks of ``ops`` x ``dtypes`` x ``shapes`` (``(T, B, I, H)`` tuples)
+    of the kernels built for ``target`` (whose register tile decides how GEMMs are cut, see
+    :func:`lstm_tvm.build.kernel_setting`).
 
     An op brings the helpers computed beside it (same forward op, same direction):
     ``LSTMBlockCellGrad`` brings ``CellGradMatmul``, where a cell gradient's GEMMs live. GEMMs
@@ -74,13 +77,14 @@ def collect_tasks(ops, dtypes, shapes) -> list[Task]:
                for n in ops):
             names.append(helper.name)
     seen: dict[str, Task] = {}
-    for name in names:
-        op = get_op(name)
-        attrs = plain_attrs(op)
-        for dtype in dtypes:
-            for steps, batch, isize, hsize in shapes:
-                for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch):
-                    seen.setdefault(task.to_json(), task)
+    with kernel_setting(resolve_target(target)):
+        for name in names:
+            op = get_op(name)
+            attrs = plain_attrs(op)
+            for dtype in dtypes:
+                for steps, batch, isize, hsize in shapes:
+                    for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch):
+                        seen.setdefault(task.to_json(), task)
     return list(seen.values())
 
 
@@ -103,7 +107,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
         raise ValueError(f"tuning {target.kind.name} targets is not supported yet: the tile "
                          f"space schedules CPU loops (llvm targets only)")
     configure_threads()
-    tasks = collect_tasks(ops, dtypes, shapes)
+    tasks = collect_tasks(ops, dtypes, shapes, target)
     traits = cpu_traits(target)
     host = cpu_traits(resolve_target("llvm"))
     if tracker is None and traits.arch != host.arch:

@@ -24,12 +24,13 @@ __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 TASK_ATTR = "lstm_tvm.gemm"
 
 def _multiple(extent) -> int:
-    """The largest of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, 1) known to
-    divide it."""
+    """The first of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, 6, 2, 1) known to
+    divide it (6 and 2: the rows of a GEMM cut for AVX2's register tile and those left, see
+    ``kernels._builder.gemm``)."""
     if isinstance(extent, (int, tirx.IntImm)):
         return int(extent)
     from tvm.sym import Analyzer
-    for m in (K_SLAB, PANEL, ROW_TILE):
+    for m in (K_SLAB, PANEL, ROW_TILE, 6, 2):
         rem = Analyzer().simplify(tirx.floormod(extent, m))
         if isinstance(rem, tirx.IntImm) and rem.value == 0:
             return m

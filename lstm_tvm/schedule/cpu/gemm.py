@@ -62,7 +62,8 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     or one reducing over a chunk of rows): no slabs, whose initialisation and every slab are
     a thread-pool launch per iteration (see docs/performance.md). The tile holds at most the
     target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` (8x32 with AVX-512, 4x16
-    with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step.
+    with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step; but
+    AVX2's 6x16, with 3 registers to spare, where 6 divides the rows.
 
     ``b_rows``: the right operand is a row-major ``(K, N)`` matrix, not column panels. A tile
     of few rows then widens to fill the accumulators (AVX-512: 1x256, 4x64): each reduction
@@ -70,7 +71,8 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     per row, a page apart (``LSTMBlockCell``'s product at B=1, 1x1024x512 on a Zen 5: 41.7 us
     at 1x64, 13.7 at 1x256; 4 rows: 33.5 at 4x32, 19.3 at 4x64; docs/performance.md).
     """
-    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes())
+    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes(),
+                                traits.tile_rows)
     if cols is None:
         return None
     while b_rows and 2 * rows * cols <= traits.accumulators and divides(2 * cols, n_extent):
@@ -138,8 +140,8 @@ def _right_rows(stmt, m, n, k) -> bool:
     return False
 
 
-def _register_tile(m_extent, n_extent, accumulators: int,
-                   lanes: int) -> tuple[int, int | None]:
+def _register_tile(m_extent, n_extent, accumulators: int, lanes: int,
+                   tile_rows: int = 0) -> tuple[int, int | None]:
     """Rows and columns of a GEMM's register tile: the most rows among ``ROW_TILE`` and its
     divisors that divide the row extent and fit ``accumulators`` with columns at least two
     vectors (``lanes``) wide, the columns the first of :data:`COLUMN_CHOICES` that divides
@@ -147,10 +149,14 @@ def _register_tile(m_extent, n_extent, accumulators: int,
     with no such rows, one row of the first dividing columns that leave room for two, widened
     to four vectors where they divide (AVX-512: 1x64; two vectors of accumulators leave the
     FMA latency exposed: at T=100, I=H=256 the forward ran 3% faster at B=1, 25% at B=2, the
-    backward 16-19%; docs/performance.md)."""
+    backward 16-19%; docs/performance.md). A target's
+    :attr:`~lstm_tvm.schedule.traits.CpuTraits.tile_rows` come first where they divide the
+    rows (AVX2: 6x16; the kernels cut GEMMs so that they do, see ``kernels._builder.gemm``)."""
     dividing = [c for c in COLUMN_CHOICES if divides(c, n_extent)]
     if not dividing:
         return 1, None
+    if tile_rows and divides(tile_rows, m_extent) and divides(2 * lanes, n_extent):
+        return tile_rows, 2 * lanes
     wide = [c for c in dividing if c >= 2 * lanes] or dividing
     for rows in (ROW_TILE, 4, 2):
         fit = [c for c in wide if rows * c <= accumulators]
