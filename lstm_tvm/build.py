@@ -10,7 +10,6 @@ next process does not recompile.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -26,9 +25,9 @@ from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
 from .kernels import WEIGHT_PACKS, kernel_func, pack_func, pack_func_name
 from ._host_arrays import ALIGNMENT
-from .kernels._builder import cpu_kernels, input_align, prepacked, tile_rows
+from .kernels._builder import input_align, prepacked, tile_rows
 from .schedule import schedule_for
-from .schedule.traits import cpu_traits
+from .schedule.traits import gemm_tile_rows, kernel_setting
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +123,7 @@ def _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_json, stam
     from .tuning import database
 
     target = resolve_target(json.loads(target_json))
-    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, _tile_rows(target))
+    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, gemm_tile_rows(target))
     found = database.tuned_blocks(target, blocks, stamp)
     return tuple(sorted((name, best.task.key, database.trace_to_json(best.trace))
                         for name, best in found.items()))
@@ -136,21 +135,6 @@ def _gemm_blocks(op, dtype, input_size, cell_size, attrs, rows: int) -> tuple:
 
     with tile_rows(rows):
         return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs)))
-
-
-def _tile_rows(target) -> int:
-    """The :attr:`~.schedule.traits.CpuTraits.tile_rows` of a CPU target's GEMMs (0 for a
-    GPU's)."""
-    return cpu_traits(target).tile_rows if str(target.kind.name) == "llvm" else 0
-
-
-@contextlib.contextmanager
-def kernel_setting(target):
-    """Build kernels for ``target`` inside the ``with``: its CPU versions or not
-    (:func:`~.kernels._builder.cpu_kernels`), GEMMs cut for its register tile's rows
-    (:func:`~.kernels._builder.tile_rows`)."""
-    with cpu_kernels(str(target.kind.name) == "llvm"), tile_rows(_tile_rows(target)):
-        yield
 
 
 def _target(spec: BuildSpec) -> tuple:

@@ -8,13 +8,15 @@ an AVX2-only x86 (``{"kind": "llvm", "mcpu": "haswell"}``), an AVX-512 x86, an A
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 
 from .._tvm import target_arch, tvm
+from ..kernels._builder import cpu_kernels, tile_rows
 
-__all__ = ["CpuTraits", "cpu_traits"]
+__all__ = ["CpuTraits", "cpu_traits", "gemm_tile_rows", "kernel_setting"]
 
 #: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
 _X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
@@ -80,3 +82,17 @@ def _traits(target_json: str) -> CpuTraits:
         # every AArch64 core has.
         return CpuTraits(arch, 128, 32, bool(has("fullfp16")), extension)
     return CpuTraits(arch, 128, 16, False, extension)
+
+
+def gemm_tile_rows(target) -> int:
+    """The :attr:`CpuTraits.tile_rows` of a target's GEMMs (0 for a GPU's)."""
+    return cpu_traits(target).tile_rows if str(target.kind.name) == "llvm" else 0
+
+
+@contextlib.contextmanager
+def kernel_setting(target):
+    """Build kernels for ``target`` (a ``tvm.target.Target``) inside the ``with``: its CPU
+    versions or not (``kernels._builder.cpu_kernels``), GEMMs cut for its register tile's rows
+    (``kernels._builder.tile_rows``)."""
+    with cpu_kernels(str(target.kind.name) == "llvm"), tile_rows(gemm_tile_rows(target)):
+        yield

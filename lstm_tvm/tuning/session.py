@@ -23,11 +23,10 @@ import tempfile
 from pathlib import Path
 
 from .. import env
-from ..build import kernel_setting
 from ..cross_compile import export_options
 from .._tvm import configure_threads, meta_schedule, resolve_target
 from ..registry import HELPERS, OPS, get_op
-from ..schedule.traits import cpu_traits
+from ..schedule.traits import cpu_traits, kernel_setting
 from ..validation import plain_attrs
 from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
@@ -65,7 +64,7 @@ class TaskResult:
 def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
     """The distinct GEMM tasks of ``ops`` x ``dtypes`` x ``shapes`` (``(T, B, I, H)`` tuples)
     of the kernels built for ``target`` (whose register tile decides how GEMMs are cut, see
-    :func:`lstm_tvm.build.kernel_setting`).
+    :func:`lstm_tvm.schedule.traits.kernel_setting`).
 
     An op brings the helpers computed beside it (same forward op, same direction):
     ``LSTMBlockCellGrad`` brings ``CellGradMatmul``, where a cell gradient's GEMMs live. GEMMs
