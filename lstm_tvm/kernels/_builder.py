@@ -23,9 +23,8 @@ __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_
            "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "fixed_sizes",
            "flat", "gemm", "input_align", "kernel", "padded", "panel_layout", "panel_scratch",
            "panels", "prepacked", "prepacked_weights", "reduction", "rest_view", "row_chunks",
-           "sizes_of",
-           "spatial", "step_gemm", "step_views", "temp", "tensor_loads", "tile_rows", "time_loop",
-           "uses_var", "version", "zero"]
+           "sizes_of", "spatial", "step_gemm", "step_views", "temp", "tensor_loads", "tile_rows",
+           "time_loop", "uses_var", "version", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
