@@ -82,6 +82,33 @@ def _host_has_avx2():
 BATCHES = (1, 5, 8, 9, 13, 32)
 
 
+def _inputs(op_name, dtype, B, I, H, T, seq_len_max, attrs, seed):
+    """Inputs of ``op_name`` (``CellGradMatmul``: uniform ``x, h_prev, w, dicfo``)."""
+    if op_name == registry.CELL_GRAD_MATMUL:
+        rng = np.random.default_rng(seed)
+        return dict(zip(("x", "h_prev", "w", "dicfo"), (
+            rng.uniform(-1, 1, shape).astype(dtype)
+            for shape in ((B, I), (B, H), (I + H, 4 * H), (B, 4 * H)))))
+    return testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T,
+                               seq_len_max=seq_len_max, attrs=attrs, seed=seed)
+
+
+def _check(f, op_name, inputs, dtype, label):
+    """``f`` on ``inputs`` against the float64 reference, every output."""
+    got = f(**{k: tvm.runtime.tensor(v) if v.ndim else int(v) for k, v in inputs.items()})
+    got = got if isinstance(got, tuple) else (got,)
+    ref = reference.run(op_name, inputs, f.attrs)
+    for spec, value in zip(registry.get_op(op_name).outputs, got):
+        testing.assert_close(np.asarray(value.numpy()), ref[spec.name], dtype,
+                             f"{op_name}.{spec.name} {label}")
+
+
+def _compile(op_name, dtype, I, H):
+    attrs = _attrs(op_name, **({"use_peephole": True} if op_name != "CellGradMatmul" else {}))
+    return lstm_tvm.compile(op_name, target=AVX2, dtype=dtype, input_size=I, cell_size=H,
+                            **attrs)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("op_name", list(registry.KERNEL_OPS))
 def test_every_op_built_for_avx2_matches_the_reference(op_name, dtype):
@@ -89,26 +116,27 @@ def test_every_op_built_for_avx2_matches_the_reference(op_name, dtype):
     weight gradient over a whole chunk of 256 rows and a tail; ``seq_len_max < T`` too."""
     if not _host_has_avx2():
         pytest.skip("this CPU has no AVX2")
-    I, H = 24, 40
-    attrs = _attrs(op_name, **({"use_peephole": True} if op_name != "CellGradMatmul" else {}))
-    f = lstm_tvm.compile(op_name, target=AVX2, dtype=dtype, input_size=I, cell_size=H,
-                         **attrs)
-    op = registry.get_op(op_name)
+    f = _compile(op_name, dtype, 24, 40)
+    sequence = registry.get_op(op_name).kind == "sequence"
     for B in BATCHES:
-        T = 9 if op.kind == "sequence" else None
-        seq_len_max = 7 if op.kind == "sequence" and B == 13 else None
-        if op_name == registry.CELL_GRAD_MATMUL:
-            rng = np.random.default_rng(B)
-            inputs = dict(zip(("x", "h_prev", "w", "dicfo"), (
-                rng.uniform(-1, 1, shape).astype(dtype)
-                for shape in ((B, I), (B, H), (I + H, 4 * H), (B, 4 * H)))))
-        else:
-            inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T,
-                                         seq_len_max=seq_len_max, attrs=f.attrs, seed=B)
-        got = f(**{k: tvm.runtime.tensor(v) if v.ndim else int(v) for k, v in inputs.items()})
-        got = got if isinstance(got, tuple) else (got,)
-        ref = reference.run(op_name, inputs, f.attrs)
-        names = [spec.name for spec in op.outputs]
-        for name, value in zip(names, got):
-            testing.assert_close(np.asarray(value.numpy()), ref[name], dtype,
-                                 f"{op_name}.{name} B={B}")
+        seq_len_max = 7 if sequence and B == 13 else None
+        inputs = _inputs(op_name, dtype, B, 24, 40, 9 if sequence else None, seq_len_max,
+                         f.attrs, B)
+        _check(f, op_name, inputs, dtype, f"B={B}")
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGrad", "LSTMBlockCell",
+                                     "CellGradMatmul"])
+def test_empty_and_tiny_row_counts_built_for_avx2(op_name):
+    """No rows at all (B = 0, T = 0, ``seq_len_max`` = 0: both blocks empty), fewer rows than a
+    tile (B = 7, T = 1: 8 padded rows, 6 + 2), and I+H = 8 (the weight gradient 6 + 2), against
+    the float64 reference."""
+    if not _host_has_avx2():
+        pytest.skip("this CPU has no AVX2")
+    f = _compile(op_name, "float32", 5, 3)
+    sequence = registry.get_op(op_name).kind == "sequence"
+    cases = ((0, 4, None), (3, 4, 0), (3, 0, None), (7, 1, None)) if sequence else (
+        (0, None, None), (7, None, None))
+    for B, T, seq_len_max in cases:
+        inputs = _inputs(op_name, "float32", B, 5, 3, T, seq_len_max, f.attrs, 1)
+        _check(f, op_name, inputs, "float32", f"B={B} T={T} seq_len_max={seq_len_max}")
