@@ -93,9 +93,11 @@ def _inputs(op_name, dtype, B, I, H, T, seq_len_max, attrs, seed):
                                seq_len_max=seq_len_max, attrs=attrs, seed=seed)
 
 
-def _check(f, op_name, inputs, dtype, label):
-    """``f`` on ``inputs`` against the float64 reference, every output."""
-    got = f(**{k: tvm.runtime.tensor(v) if v.ndim else int(v) for k, v in inputs.items()})
+def _check(f, op_name, inputs, dtype, label, held=()):
+    """``f`` on ``inputs`` (but those it holds, ``held``) against the float64 reference, every
+    output."""
+    got = f(**{k: tvm.runtime.tensor(v) if v.ndim else int(v) for k, v in inputs.items()
+               if k not in held})
     got = got if isinstance(got, tuple) else (got,)
     ref = reference.run(op_name, inputs, f.attrs)
     for spec, value in zip(registry.get_op(op_name).outputs, got):
@@ -140,3 +142,20 @@ def test_empty_and_tiny_row_counts_built_for_avx2(op_name):
     for B, T, seq_len_max in cases:
         inputs = _inputs(op_name, "float32", B, 5, 3, T, seq_len_max, f.attrs, 1)
         _check(f, op_name, inputs, "float32", f"B={B} T={T} seq_len_max={seq_len_max}")
+
+
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTMV2", "BlockLSTMGradV2",
+                                     "CellGradMatmul"])
+def test_prepacked_kernels_built_for_avx2(op_name):
+    """``bind(w=...)`` runs the prepacked kernel, whose GEMMs over the panels are cut too (the
+    cell gradient's matmul: its step GEMMs ``x_grad_rows``, ``h_grad_rows``)."""
+    if not _host_has_avx2():
+        pytest.skip("this CPU has no AVX2")
+    f = _compile(op_name, "float32", 24, 40)
+    sequence = registry.get_op(op_name).kind == "sequence"
+    for B in (7, 13, 32):
+        inputs = _inputs(op_name, "float32", B, 24, 40, 9 if sequence else None, None,
+                         f.attrs, B)
+        bound = f.bind(w=inputs["w"])
+        assert bound.spec.prepacked
+        _check(bound, op_name, inputs, "float32", f"bound B={B}", held=("w",))
