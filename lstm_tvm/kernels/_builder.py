@@ -20,11 +20,11 @@ from ._gates import ACC
 
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
            "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "T",
-           "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "fixed_sizes",
-           "flat", "gemm", "input_align", "kernel", "padded", "panel_layout", "panel_scratch",
-           "panels", "prepacked", "prepacked_weights", "reduction", "rest_view", "row_chunks",
-           "sizes_of", "spatial", "step_gemm", "step_views", "temp", "tensor_loads", "tile_rows",
-           "time_loop", "uses_var", "version", "zero"]
+           "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "divides",
+           "fixed_sizes", "flat", "gemm", "input_align", "kernel", "padded", "panel_layout",
+           "panel_scratch", "panels", "prepacked", "prepacked_weights", "reduction", "rest_view",
+           "row_chunks", "sizes_of", "spatial", "step_gemm", "step_views", "temp", "tensor_loads",
+           "tile_rows", "time_loop", "uses_var", "version", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -297,6 +297,14 @@ def panel_layout(rows: int, cols: int):
     return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
 
 
+def divides(factor: int, extent) -> bool:
+    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
+    from tvm.sym import Analyzer
+
+    rem = Analyzer().simplify(tirx.floormod(extent, factor))
+    return isinstance(rem, tirx.IntImm) and rem.value == 0
+
+
 def padded(rows, multiple: int = ROW_TILE):
     """``rows`` rounded up to a multiple of ``multiple`` (symbolic sizes welcome; ``rows``
     itself for a multiple of 1, not an expression that only simplifies to it)."""
@@ -358,11 +366,8 @@ def _row_split(rows, multiple: int):
     if isinstance(rows, (int, tirx.IntImm)):
         rows = int(rows)
         return None if rows % tile == 0 or rows < tile else (rows // tile * tile, rows % tile)
-    if multiple % ROW_TILE:
-        from tvm.sym import Analyzer
-        left = Analyzer().simplify(tirx.floormod(rows, ROW_TILE))
-        if not (isinstance(left, tirx.IntImm) and left.value == 0):
-            return None
+    if multiple % ROW_TILE and not divides(ROW_TILE, rows):
+        return None
     head = rows // tile * tile
     return head, (rows - head) // 2 * 2
 

@@ -44,9 +44,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from tvm.sym import Analyzer
-
 from .._tvm import Schedule, tirx
+from ..kernels._builder import divides
 from .gpu_ir import (declared_views, guard_empty_launches, hoist_allocations, isolated,
                      restore_views, unbound_blocks)
 from .blocks import fusion_runs, in_time_step, leaf_blocks
@@ -99,15 +98,7 @@ def default_gpu_tile(m_extent, n_extent, k_extent, in_step: bool = False) -> Gpu
 
 
 def _first_divisor(choices, extent, times: int = 1) -> int:
-    return next(c for c in choices if _divides(c * times, extent))
-
-
-def _divides(factor: int, extent) -> bool:
-    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
-    if factor == 1:
-        return True
-    rem = Analyzer().simplify(tirx.floormod(extent, factor))
-    return isinstance(rem, tirx.IntImm) and rem.value == 0
+    return next(c for c in choices if divides(c * times, extent))
 
 
 def schedule_gpu(op_name: str, func, target, failures: list | None = None):

@@ -14,8 +14,8 @@ import json
 from .._tvm import TB as T
 from .._tvm import IRBuilder, tirx, tvm
 from ..kernels import kernel_func
-from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, fixed_sizes,
-                               gemm)
+from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, divides,
+                               fixed_sizes, gemm)
 from ..kernels._gates import f32
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
@@ -29,12 +29,7 @@ def _multiple(extent) -> int:
     ``kernels._builder.gemm``)."""
     if isinstance(extent, (int, tirx.IntImm)):
         return int(extent)
-    from tvm.sym import Analyzer
-    for m in (K_SLAB, PANEL, ROW_TILE, 6, 2):
-        rem = Analyzer().simplify(tirx.floormod(extent, m))
-        if isinstance(rem, tirx.IntImm) and rem.value == 0:
-            return m
-    return 1
+    return next((m for m in (K_SLAB, PANEL, ROW_TILE, 6, 2) if divides(m, extent)), 1)
 
 
 def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict) -> list[GemmBlock]:

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm.sym import Analyzer
-
 from ..._tvm import Schedule, tirx
+from ...kernels._builder import divides
 
 #: Inner (vectorised) column chunks tried, in elements, first that divides the extent wins.
 COLUMN_CHOICES = (32, 64, 16)
@@ -38,10 +37,6 @@ def block_loops(sch: Schedule, block) -> BlockLoops | None:
     return BlockLoops(spatial, reduce_, extents, stmt.init is not None)
 
 
-def divides(factor: int, extent) -> bool:
-    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
-    rem = Analyzer().simplify(tirx.floormod(extent, factor))
-    return isinstance(rem, tirx.IntImm) and rem.value == 0
 
 
 def column_chunk(extent) -> int | None:
