@@ -12,7 +12,9 @@ from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels._builder import STEP_BLOCK, TIME_STEP
 from lstm_tvm.schedule import schedule_for
-from lstm_tvm.schedule.cpu import team
+from lstm_tvm.schedule.blocks import leaf_blocks
+from lstm_tvm.schedule.cpu import gemm, team
+from lstm_tvm.schedule.traits import cpu_traits
 
 
 @pytest.mark.parametrize("sizes", [(256, 256), (7, 9), (32, 48)], ids=str)
@@ -54,6 +56,33 @@ def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
     for name, buffer in written:
         strides = list(buffer.shape[1:])
         assert all(isinstance(d, (int, tirx.IntImm)) for d in strides), (name, buffer.shape)
+
+
+@pytest.mark.parametrize("target", [{"kind": "llvm", "mcpu": "skylake-avx512"},
+                                    {"kind": "llvm", "mcpu": "haswell"}], ids=["avx512", "avx2"])
+def test_gemms_over_wide_panels_run_column_blocks_first(target):
+    """The rule's tile order and reduction slabs, per GEMM block of the kernels as built (rows
+    symbolic): the forward's input product ``xw`` (N = 4H >= K = I, panels, outside the time
+    loop) runs column blocks first without slabs; the backward's ``x_grad_gemm`` (K = 4H >
+    N = I) keeps row blocks first and its slabs of 256; the recurrent product ``gates`` (a
+    time step's) neither. A GEMM over a single row per tile runs column blocks first."""
+    traits = cpu_traits(resolve_target(target))
+
+    def tiles(op_name, input_size, cell_size):
+        op = registry.get_op(op_name)
+        attrs = validation.validate_attrs(op, testing.op_attrs(op_name, {"use_peephole": False}))
+        sch = Schedule(BUILDERS[op_name](op, "float32", input_size, cell_size, attrs))
+        return {sch.get(b).name_hint: gemm.rule(sch, b, traits) for b in leaf_blocks(sch)
+                if sch.get(b).name_hint in ("xw", "x_grad_gemm", "gates", "gates_rest")}
+
+    fwd = tiles("BlockLSTMV2", 512, 256)  # N = 1024 >= K = 512
+    assert (fwd["xw"].n_major, fwd["xw"].k_block) == (1, 0)
+    assert (fwd["gates"].n_major, fwd["gates"].k_block) == (0, 0)
+    assert (tiles("BlockLSTMV2", 2048, 256)["xw"].k_block, ) == (256, )  # K = 2048 > N
+    bwd = tiles("BlockLSTMGradV2", 256, 128)  # N = 256 < K = 512
+    assert (bwd["x_grad_gemm"].n_major, bwd["x_grad_gemm"].k_block) == (0, 256)
+    one_row = gemm.default_tile(1, 1024, 2048, traits=traits)
+    assert (one_row.rows, one_row.n_major) == (1, 1)
 
 
 def _step_block(func):

@@ -51,7 +51,7 @@ class GemmTile:
 
 def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
                  per_step: bool = False, traits: CpuTraits = AVX512,
-                 b_rows: bool = False) -> GemmTile | None:
+                 b_layout: str = "kp") -> GemmTile | None:
     """The untuned tile of a GEMM block with these extents (None: no tiling applies).
 
     ``a_rows_contiguous``: the left operand is stored ``(M, K)`` (else ``(K, M)``, as in the
@@ -65,24 +65,46 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     with AVX2 or NEON, 2x16 with SSE): a larger one spills its accumulators every step; but
     AVX2's 6x16, with 3 registers to spare, where 6 divides the rows.
 
-    ``b_rows``: the right operand is a row-major ``(K, N)`` matrix, not column panels. A tile
+    ``b_layout``: how the right operand is stored, as in
+    :class:`~lstm_tvm.kernels._builder.GemmBlock` (``"kp"`` column panels, ``"kn"`` a
+    row-major ``(K, N)`` matrix, ``"nk"`` its transpose). ``"kn"``: a tile
     of few rows then widens to fill the accumulators (AVX-512: 1x256, 4x64): each reduction
     step reads a longer run of a row, where a narrow tile walks the matrix a few cache lines
     per row, a page apart (``LSTMBlockCell``'s product at B=1, 1x1024x512 on a Zen 5: 41.7 us
     at 1x64, 13.7 at 1x256; 4 rows: 33.5 at 4x32, 19.3 at 4x64; docs/performance.md).
+
+    A GEMM with at least as many columns as reduction steps (``N >= K``: the forward's input
+    product ``xw``, ``LSTMBlockCell``'s product with prepacked weights), its right operand in
+    panels, outside a loop body: no slabs, tiles column block first. A thread then keeps one
+    column panel (``K x cols``) in its cache and streams the left operand's rows past it,
+    where row blocks first stream all of ``B`` (or a slab ``N x 256`` of it, 2 MB at ``N`` =
+    2048: more than an L2) once per row block. Measured 1.0-1.2x the slabbed tile's speed at
+    every such shape tried (AVX-512 and AVX2); where ``K > N`` (the backward's ``x_grad``,
+    whose left operand ``M x 4H`` grows to tens of MB) column blocks first ran 11-16% slower
+    at two of the shapes tried, so those keep the slabs (docs/performance.md).
     """
     rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes(),
                                 traits.tile_rows)
     if cols is None:
         return None
-    while b_rows and 2 * rows * cols <= traits.accumulators and divides(2 * cols, n_extent):
+    while b_layout == "kn" and 2 * rows * cols <= traits.accumulators and divides(
+            2 * cols, n_extent):
         cols *= 2
-    slab = 0 if per_step else next((b for b in ((256,) if a_rows_contiguous else (64,))
-                                    if divides(b, k_extent) and not divides(k_extent, b)), 0)
+    panel_major = (not per_step and a_rows_contiguous and b_layout == "kp"
+                   and _at_least(n_extent, k_extent))
+    slab = 0 if per_step or panel_major else next(
+        (b for b in ((256,) if a_rows_contiguous else (64,))
+         if divides(b, k_extent) and not divides(k_extent, b)), 0)
     # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
     # thread reads each panel of the right operand once from memory for all rows.
     return GemmTile(rows, cols, K_UNROLL if divides(K_UNROLL, k_extent) else 1, slab,
-                    n_major=int(rows == 1))
+                    n_major=int(rows == 1 or panel_major))
+
+
+def _at_least(a, b) -> bool:
+    """``a >= b`` for extents known at build time (False where either is symbolic)."""
+    static = [int(e) if isinstance(e, (int, tirx.IntImm)) else None for e in (a, b)]
+    return None not in static and static[0] >= static[1]
 
 
 def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
@@ -95,7 +117,7 @@ def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
     m, n, k = (iv.var for iv in stmt.iter_vars)
     tile = default_tile(*loops.extents, sch.get(loops.reduce[0]).extent,
                         _rows_contiguous(stmt, m, n, k), in_loop_body(sch, block), traits,
-                        _right_rows(stmt, m, n, k))
+                        _right_layout(stmt, m, n, k))
     if tile is not None:
         _gemm(sch, block, loops.spatial, loops.reduce[0], tile)
     return tile
@@ -130,14 +152,17 @@ def _rows_contiguous(stmt, m, n, k) -> bool:
     return True
 
 
-def _right_rows(stmt, m, n, k) -> bool:
-    """Whether the GEMM block's right operand (the load indexed by ``n`` and ``k``, not ``m``)
-    is a row-major ``(K, N)`` matrix: two indices, contiguous along ``n`` (not panels)."""
+def _right_layout(stmt, m, n, k) -> str | None:
+    """How the GEMM block's right operand (the load indexed by ``n`` and ``k``, not ``m``) is
+    stored: ``"kp"`` (three indices: column panels), ``"kn"`` (contiguous along ``n``) or
+    ``"nk"``; None where no such load is found."""
     for load in tensor_loads(getattr(stmt.body, "value", stmt.body)):
         uses = [any(uses_var(i, v) for i in load.indices) for v in (m, n, k)]
         if uses == [False, True, True]:
-            return len(load.indices) == 2 and uses_var(load.indices[-1], n)
-    return False
+            if len(load.indices) != 2:
+                return "kp"
+            return "kn" if uses_var(load.indices[-1], n) else "nk"
+    return None
 
 
 def _register_tile(m_extent, n_extent, accumulators: int, lanes: int,
