@@ -333,15 +333,16 @@ def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
     AVX2's 6x16 tile ran GEMMs 15-20% faster than 4x16 (docs/performance.md).
     """
     rows = padded(M, multiple) if pad else M
-    split = None if out_panels else _row_split(rows, multiple if pad else 1)
+    split = _row_split(rows, multiple if pad else 1)
     if split is None:
         _gemm_block(name, out, rows, N, K, a, b, init, row0, out_panels)
         return
     head, rest = split
-    _gemm_block(name, out, head, N, K, a, b, init, row0, False)
+    _gemm_block(name, out, head, N, K, a, b, init, row0, out_panels)
     _gemm_block(f"{name}_rest", rest_view(out) if rest_out is None else rest_out, rest, N, K,
                 lambda m, k: a(head + m, k), b,
-                None if init is None else (lambda m, n: init(head + m, n)), row0 + head, False)
+                None if init is None else (lambda m, n: init(head + m, n)), row0 + head,
+                out_panels)
 
 
 def rest_view(out):

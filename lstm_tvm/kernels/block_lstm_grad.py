@@ -11,7 +11,8 @@ for float16, the rows left after the whole chunks by ``x_grad_tail_gemm`` on CPU
 ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad`` and the
 peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB``
 rows past the last one, so chunks of rows read it with no bounds checks. Everything
-accumulates in float32 (in the outputs of a float32 op). Beyond ``dicfo``, no scratch grows
+accumulates in float32 (``x_grad`` in the output of a float32 op; ``w_grad`` there too on
+GPUs, in column panels on CPUs). Beyond ``dicfo``, no scratch grows
 with ``T``: the rest has the size of the state, of ``w`` or of a chunk of rows.
 """
 
@@ -20,8 +21,8 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import (K_SLAB, PANEL, ROW_TILE, T, by_work, cpu_variants, flat, gemm, kernel,
-                       padded, panel_scratch, panels, reduction, rest_view, row_chunks, spatial,
-                       step_gemm, step_views, temp, time_loop, zero)
+                       padded, panel_layout, panel_scratch, panels, reduction, rest_view,
+                       row_chunks, spatial, step_gemm, step_views, temp, time_loop, zero)
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from ._weights import WeightPack, weight_panels
 from .block_cell import peephole_grads
@@ -118,8 +119,8 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
 
     Row ``r = t*B + n`` of the flat views is step ``t``, batch row ``n``; the previous step's
     ``h`` / ``cs`` of row ``r`` is row ``r - B`` (the initial state for ``r < B``). A float32
-    op's GEMMs accumulate in its outputs; a float16 op's in float32 scratch of the size of
-    ``w`` or of a chunk of rows.
+    op's ``x_grad`` accumulates in its output, a float16 op's in float32 scratch of a chunk of
+    rows; ``w_grad`` as :func:`_w_grad` says.
     """
     L, Tn, B, I, H = sizes
     G = 4 * H
@@ -141,14 +142,14 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
                    lambda k, r: tirx.if_then_else(r[0] >= B, f32(cs[r[0] - B, k]),
                                                   f32(buf["cs_prev"][r[0], k])),
                    lambda k, r: f32(cs[r[0], k]))
-    if in_place:
+    if wg is None:  # accumulated in the output
         with T.If(tirx.Not(ran)), T.Then():
             spatial("w_grad_zero", (I + H, G), lambda k, j: T.buffer_store(
                 buf["w_grad"], zero(), [k, j]))
     else:
         spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
-            buf["w_grad"], tirx.if_then_else(
-                ran, store(wg[k, j], dtype), zero(dtype)), [k, j]))
+            buf["w_grad"], tirx.if_then_else(ran, store(wg(k, j), dtype), zero(dtype)),
+            [k, j]))
     spatial("b_grad_out", (G,), lambda j: T.buffer_store(
         buf["b_grad"], tirx.if_then_else(ran, store(bg[j], dtype), zero(dtype)), [j]))
 
@@ -160,8 +161,13 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     side into ``w_grad_a`` (blocks ``w_grad_pack_x``, ``w_grad_pack_h``; float32, zero past
     the last row; transposed from ``I+H`` = :data:`W_GRAD_TRANSPOSED_FROM` on CPUs) and its
     rows of ``dicfo`` into column panels (``w_grad_d``), then one GEMM
-    ``w_grad`` adds their product to the accumulator: the float32 output (``in_place``), or a
-    float32 scratch of the size of ``w``. Returns the accumulator. The tail's GEMM
+    ``w_grad`` adds their product to the accumulator. On CPUs that is a float32 scratch of the
+    size of ``w`` stored as column panels (:func:`~._builder.panel_layout`), which the rule
+    walks column panel first: every chunk, each thread adds to the same columns, along
+    contiguous memory (a row-major accumulator walked so has rows 4-8 KB apart; BlockLSTMGradV2
+    64x32x256x256 5-6% faster on a Zen 5, docs/performance.md). On GPUs it is the float32
+    output (``in_place``) or a row-major scratch. Returns the accumulator's accessor ``(k, j)
+    -> value``, or None where it is the output. The tail's GEMM
     (``w_grad_tail``; CPU builds, see :func:`cpu_variants`) reduces over the rows left rounded
     up to :data:`PANEL`, not a whole chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x the
     arithmetic.
@@ -177,7 +183,13 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
     x, h = (flat(buf[n], Tn * B) for n in ("x", "h"))
-    acc = flat(buf["w_grad"], I + H, name="w_grad_rows") if in_place else temp("wg", (I + H, G))
+    if cpu_variants():
+        acc_shape, acc_at = panel_layout(I + H, G)
+    else:
+        acc_shape, acc_at = (I + H, G), lambda k, j: (k, j)
+    in_output = in_place and not cpu_variants()
+    acc = (flat(buf["w_grad"], I + H, name="w_grad_rows") if in_output
+           else temp("wg", acc_shape))
     chunk = w_grad_chunk(I, H)
     transposed = cpu_variants() and I + H >= W_GRAD_TRANSPOSED_FROM
     a = temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
@@ -205,8 +217,8 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         pack(f"{prefix}_pack_h", rows, H, I, h_before)
         d = panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
         gemm(prefix, acc, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
-             pad=False, init=lambda k, j: tirx.Select(first > 0, acc[k, j], zero()),
-             rest_out=acc_rest)
+             pad=False, init=lambda k, j: tirx.Select(first > 0, acc[acc_at(k, j)], zero()),
+             out_panels=len(acc_shape) == 3, rest_out=acc_rest)
 
     tail = cpu_variants()  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
@@ -217,7 +229,7 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
         # ``dicfo`` is zero that far past its last row, the packs write zeros there.
         with row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
             chunk_gemm("w_grad_tail", whole, padded(M - whole, PANEL))
-    return acc
+    return None if in_output else (lambda k, j: acc[acc_at(k, j)])
 
 
 def _x_grad_in_place(buf, sizes, dicfo, w_tx):

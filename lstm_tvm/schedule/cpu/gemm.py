@@ -51,7 +51,7 @@ class GemmTile:
 
 def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
                  per_step: bool = False, traits: CpuTraits = AVX512,
-                 b_layout: str = "kp") -> GemmTile | None:
+                 b_layout: str = "kp", out_panels: bool = False) -> GemmTile | None:
     """The untuned tile of a GEMM block with these extents (None: no tiling applies).
 
     ``a_rows_contiguous``: the left operand is stored ``(M, K)`` (else ``(K, M)``, as in the
@@ -82,6 +82,13 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     every such shape tried (AVX-512 and AVX2); where ``K > N`` (the backward's ``x_grad``,
     whose left operand ``M x 4H`` grows to tens of MB) column blocks first ran 11-16% slower
     at two of the shapes tried, so those keep the slabs (docs/performance.md).
+
+    ``out_panels``: the output is stored as column panels. Inside a loop body such a GEMM
+    (the sequence backward's weight gradient, accumulated chunk by chunk) runs column blocks
+    first too: each thread adds to the same columns every iteration, a panel's rows one
+    contiguous run. The per-step GEMMs with row-major outputs keep row blocks first (the gate
+    math after a step's GEMM reads whole rows; column blocks first made BlockLSTMV2
+    64x32x256x256 4% slower).
     """
     rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes(),
                                 traits.tile_rows)
@@ -98,7 +105,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
     # thread reads each panel of the right operand once from memory for all rows.
     return GemmTile(rows, cols, K_UNROLL if divides(K_UNROLL, k_extent) else 1, slab,
-                    n_major=int(rows == 1 or panel_major))
+                    n_major=int(rows == 1 or panel_major or (per_step and out_panels)))
 
 
 def _at_least(a, b) -> bool:
@@ -117,7 +124,7 @@ def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
     m, n, k = (iv.var for iv in stmt.iter_vars)
     tile = default_tile(*loops.extents, sch.get(loops.reduce[0]).extent,
                         _rows_contiguous(stmt, m, n, k), in_loop_body(sch, block), traits,
-                        _right_layout(stmt, m, n, k))
+                        _right_layout(stmt, m, n, k), len(getattr(stmt.body, "indices", ())) == 3)
     if tile is not None:
         _gemm(sch, block, loops.spatial, loops.reduce[0], tile)
     return tile
