@@ -80,7 +80,7 @@ def test_gemms_over_wide_panels_run_column_blocks_first(target):
     fwd = tiles("BlockLSTMV2", 512, 256)  # N = 1024 >= K = 512
     assert (fwd["xw"].n_major, fwd["xw"].k_block) == (1, 0)
     assert (fwd["gates"].n_major, fwd["gates"].k_block) == (0, 0)
-    assert (tiles("BlockLSTMV2", 2048, 256)["xw"].k_block, ) == (256, )  # K = 2048 > N
+    assert tiles("BlockLSTMV2", 2048, 256)["xw"].k_block == 256  # K = 2048 > N
     bwd = tiles("BlockLSTMGradV2", 256, 128)  # N = 256 < K = 512
     assert (bwd["x_grad_gemm"].n_major, bwd["x_grad_gemm"].k_block) == (0, 256)
     assert (bwd["w_grad"].n_major, bwd["w_grad"].k_block) == (1, 0)

@@ -21,10 +21,10 @@ from ._gates import ACC
 __all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
            "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "T",
            "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "divides",
-           "fixed_sizes", "flat", "gemm", "input_align", "kernel", "padded", "panel_layout",
-           "panel_scratch", "panels", "prepacked", "prepacked_weights", "reduction", "rest_view",
-           "row_chunks", "sizes_of", "spatial", "step_gemm", "step_views", "temp", "tensor_loads",
-           "tile_rows", "time_loop", "uses_var", "version", "zero"]
+           "fixed_sizes", "flat", "gemm", "input_align", "is_static", "kernel", "padded",
+           "panel_layout", "panel_scratch", "panels", "prepacked", "prepacked_weights", "reduction",
+           "rest_view", "row_chunks", "sizes_of", "spatial", "step_gemm", "step_views", "temp",
+           "tensor_loads", "tile_rows", "time_loop", "uses_var", "version", "zero"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
@@ -297,6 +297,11 @@ def panel_layout(rows: int, cols: int):
     return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
 
 
+def is_static(extent) -> bool:
+    """Whether ``extent`` is known when the kernel is built (an ``int`` or ``IntImm``)."""
+    return isinstance(extent, (int, tirx.IntImm))
+
+
 def divides(factor: int, extent) -> bool:
     """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
     from tvm.sym import Analyzer
@@ -364,7 +369,7 @@ def _row_split(rows, multiple: int):
     tile = _cut_rows()
     if not tile:
         return None
-    if isinstance(rows, (int, tirx.IntImm)):
+    if is_static(rows):
         rows = int(rows)
         return None if rows % tile == 0 or rows < tile else (rows // tile * tile, rows % tile)
     if multiple % ROW_TILE and not divides(ROW_TILE, rows):
@@ -489,7 +494,7 @@ def step_gemm(name: str, out, views, M, N, K, a: Callable, b: Callable,
             gemm(name, out, M, N, K, a, b, init, rest_out=views[2])
             return
         below, block, view, multiple = versions[i]
-        if isinstance(M, (int, tirx.IntImm)):
+        if is_static(M):
             if int(M) < below:
                 gemm(block, view, M, N, K, a, b, init, multiple=multiple)
             else:
@@ -545,7 +550,7 @@ def spatial(name: str, extents: Sequence, body: Callable, group: str | None = No
     runs on every thread of the pool, see ``schedule/cpu/team.py``).
     """
     small = (cpu_variants() and not _IN_STEP.get()
-             and all(isinstance(e, (int, tirx.IntImm)) for e in extents)
+             and all(is_static(e) for e in extents)
              and int(np.prod([int(e) for e in extents])) < ONE_THREAD_BELOW)
     with T.grid(*extents) as loops:
         loops = _as_list(loops)
@@ -588,7 +593,7 @@ def by_work(points, emit: Callable[[], None]) -> None:
     if not cpu_variants():
         emit()
         return
-    if isinstance(points, (int, tirx.IntImm)):
+    if is_static(points):
         if int(points) < ONE_THREAD_BELOW:
             with version("_1t", one_thread=True):
                 emit()

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
-from ._builder import (ROW_TILE, T, bind_steps, by_work, cpu_variants, flat, gemm, kernel,
-                       padded, prepacked_weights, spatial, step_gemm, step_views, temp,
+from ._builder import (ROW_TILE, T, bind_steps, by_work, cpu_variants, flat, gemm, is_static,
+                       kernel, padded, prepacked_weights, spatial, step_gemm, step_views, temp,
                        time_loop, version, zero)
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from ._weights import weight_panels
@@ -39,7 +39,7 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
     packs = weight_packs(input_size, cell_size)
     with kernel(op, dtype, input_size, cell_size, packs=packs) as (buf, size, builder):
         rows = bind_steps(buf["seq_len_max"] * size["B"])
-        if (not cpu_variants() or isinstance(rows, (int, tirx.IntImm))
+        if (not cpu_variants() or is_static(rows)
                 or prepacked_weights()):
             # GPU builds; tuning tasks (constant sizes): records are made for the packed
             # version, the short one runs the default schedules; prepacked: nothing to save

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (PANEL, T, by_work, cpu_variants, flat, gemm, kernel, padded,
+from ._builder import (PANEL, T, by_work, cpu_variants, flat, gemm, is_static, kernel, padded,
                        prepacked_weights, reduction, rest_view, row_chunks, spatial, step_gemm,
                        step_views, temp, zero)
 from ._gates import ACC, f32, store
@@ -56,7 +56,7 @@ def cell_grad_matmul(op: OpSpec, dtype: str, input_size: int, cell_size: int, at
             _xh_grad_rows(buf, dtype, B, I, H, [weight_panels(buf, p) for p in packs])
         elif not cpu_variants():
             _xh_grad_transposed(buf, dtype, B, I, H)
-        elif isinstance(B, (int, tirx.IntImm)):  # tuning tasks: the version B takes
+        elif is_static(B):  # tuning tasks: the version B takes
             (_xh_grad_dots if int(B) < DOTS_BELOW else _xh_grad_transposed)(buf, dtype, B, I, H)
         else:
             with T.If(B < DOTS_BELOW):

@@ -12,10 +12,10 @@ import dataclasses
 import json
 
 from .._tvm import TB as T
-from .._tvm import IRBuilder, tirx, tvm
+from .._tvm import IRBuilder, tvm
 from ..kernels import kernel_func
 from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, divides,
-                               fixed_sizes, gemm)
+                               fixed_sizes, gemm, is_static)
 from ..kernels._gates import f32
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
@@ -27,7 +27,7 @@ def _multiple(extent) -> int:
     """The first of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, 6, 2, 1) known to
     divide it (6 and 2: the rows of a GEMM cut for AVX2's register tile and those left, see
     ``kernels._builder.gemm``)."""
-    if isinstance(extent, (int, tirx.IntImm)):
+    if is_static(extent):
         return int(extent)
     return next((m for m in (K_SLAB, PANEL, ROW_TILE, 6, 2) if divides(m, extent)), 1)
 
@@ -72,14 +72,14 @@ class Task:
 
     def matches(self, block: GemmBlock) -> bool:
         """Whether this task was cut from a kernel block like ``block`` (symbolic sizes)."""
-        n_ok = (self.N == int(block.N) and self.n_multiple == 0 if _is_static(block.N)
+        n_ok = (self.N == int(block.N) and self.n_multiple == 0 if is_static(block.N)
                 else self.n_multiple == _multiple(block.N))
         return (self.name == block.name and n_ok and self.per_step == block.per_step
                 and self.a == f"{block.a_layout}:{block.a_dtype}"
                 and self.b == f"{block.b_layout}:{block.b_dtype}"
                 and self.m_multiple == _multiple(block.M) and self.k_multiple == _multiple(block.K)
-                and (self.m_multiple != self.M or not _is_static(block.M) or int(block.M) == self.M)
-                and (self.k_multiple != self.K or not _is_static(block.K) or int(block.K) == self.K))
+                and (self.m_multiple != self.M or not is_static(block.M) or int(block.M) == self.M)
+                and (self.k_multiple != self.K or not is_static(block.K) or int(block.K) == self.K))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -109,10 +109,6 @@ class Task:
         return builder.get()
 
 
-def _is_static(extent) -> bool:
-    return isinstance(extent, (int, tirx.IntImm))
-
-
 def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
               steps: int, batch: int) -> list[Task]:
     """The tasks of ``op``'s kernel at ``T = steps``, ``B = batch`` (``seq_len_max = T``),
@@ -131,7 +127,7 @@ def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
         tasks.append(Task(blk.name, int(blk.M), int(blk.N), int(blk.K),
                           f"{blk.a_layout}:{blk.a_dtype}", f"{blk.b_layout}:{blk.b_dtype}",
                           _multiple(sym.M), _multiple(sym.K),
-                          0 if _is_static(sym.N) else _multiple(sym.N), blk.per_step))
+                          0 if is_static(sym.N) else _multiple(sym.N), blk.per_step))
     return tasks
 
 

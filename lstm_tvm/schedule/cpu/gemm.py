@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..._tvm import Schedule, tirx
-from ...kernels._builder import PANEL, ROW_TILE, tensor_loads, uses_var
+from ...kernels._builder import PANEL, ROW_TILE, is_static, tensor_loads, uses_var
 from ..traits import CpuTraits
 from ..blocks import in_loop_body
 from ._loops import COLUMN_CHOICES, block_loops, divides
@@ -110,8 +110,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
 
 def _at_least(a, b) -> bool:
     """``a >= b`` for extents known at build time (False where either is symbolic)."""
-    static = [int(e) if isinstance(e, (int, tirx.IntImm)) else None for e in (a, b)]
-    return None not in static and static[0] >= static[1]
+    return is_static(a) and is_static(b) and int(a) >= int(b)
 
 
 def rule(sch: Schedule, block, traits: CpuTraits) -> GemmTile | None:
