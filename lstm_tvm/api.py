@@ -10,6 +10,7 @@ import numpy as np
 
 from . import build as _build
 from ._args import AliasGuard, LastCall, bind_inputs, kernel_error, out_list
+from ._launch import launcher_for
 from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
                    resolve_target, tvm)
 from .cross_compile import is_cross
@@ -42,6 +43,7 @@ class CompiledOp:
         self.op = get_op(spec.op)
         self.target = resolve_target(spec.target)
         self.device = device if device is not None else device_for(self.target)
+        self._launch = launcher_for(self.device)
         if self.device.dlpack_device_type() == 1:  # CPU
             configure_threads()
         if device_exists(self.device) and not is_cross(self.target):
@@ -106,7 +108,7 @@ class CompiledOp:
             layout = WEIGHT_PACKS[self.op.name](self.spec.input_size, self.spec.cell_size)
             bound._packs = tuple(tvm.runtime.empty(p.shape, "float32", self.device)
                                  for p in layout)
-            bound.module[spec.pack_func_name](held["w"], *bound._packs)
+            self._launch(bound.module[spec.pack_func_name], held["w"], *bound._packs)
         return bound
 
     def _constant(self, name: str, value, shape: tuple):
@@ -150,7 +152,7 @@ class CompiledOp:
                 tensor.copyfrom(np.zeros(tuple(tensor.shape), self.spec.dtype))
         else:
             try:
-                self.func(*args, *self._packs, *outputs)
+                self._launch(self.func, *args, *self._packs, *outputs)
             except ValueError as err:  # the kernel's own argument checks
                 raise kernel_error(self.op.name, err, self._roles) from err
         return output_tuple(self.op.name)(*outputs)

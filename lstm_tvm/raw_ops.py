@@ -31,7 +31,8 @@ import numpy as np
 
 from . import build as _build
 from ._args import kernel_error
-from ._host_arrays import OutputLayout, kernel_args
+from ._host_arrays import OutputLayout, borrow_staging, give_back_staging
+from ._launch import launch
 from ._tvm import device_exists, missing_device_error, tvm
 from .api import CompiledOp
 from .api import compile as _compile
@@ -123,13 +124,16 @@ def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
         dev = plan.compiled.device
         outs = plan.compiled(*seq_len, *(tvm.runtime.tensor(_native(a), dev) for a in tensors))
         return result(*(t.numpy() for t in outs))
-    args = kernel_args(tensors, plan, plan.unread)
-    outputs, out_tensors = plan.layout.allocate(plan)
+    staging = borrow_staging(tensors, plan, plan.unread)
+    outputs = plan.layout.borrow(plan)
     try:
-        plan.compiled.func(*seq_len, *args, *out_tensors)
+        launch(plan.compiled.func, *seq_len, *staging.tensors_of(tensors), *outputs.tensors)
+        return result(*outputs.arrays)  # held before the buffer is given back
     except ValueError as err:  # the kernel's own argument checks
         raise kernel_error(op.name, err, plan.compiled._roles) from err
-    return result(*outputs)
+    finally:
+        give_back_staging(plan, staging)
+        plan.layout.give_back(plan, outputs)
 
 
 @dataclasses.dataclass(eq=False)  # hashed by identity: the slot of its buffers

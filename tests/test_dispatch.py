@@ -79,12 +79,12 @@ def test_inputs_of_every_layout_give_the_right_answer(layout, big):
 def test_an_input_aligned_to_its_element_is_read_in_place(dtype):
     for layout in (aligned_copy, misaligned_copy):
         a = layout(np.ones((128, 64), dtype))
-        (tensor,) = _host_arrays.kernel_args([a], f"in-place test {layout.__name__}")
-        assert np.shares_memory(np.from_dlpack(tensor), a), layout.__name__
+        with _host_arrays.staged_inputs([a], f"in-place test {layout.__name__}") as (tensor,):
+            assert np.shares_memory(np.from_dlpack(tensor), a), layout.__name__
     b = unaligned_copy(np.ones((128, 64), dtype))
     assert not b.flags.aligned
-    (copied,) = _host_arrays.kernel_args([b], "copy test")
-    assert not np.shares_memory(np.from_dlpack(copied), b)
+    with _host_arrays.staged_inputs([b], "copy test") as (copied,):
+        assert not np.shares_memory(np.from_dlpack(copied), b)
 
 
 @pytest.mark.parametrize("B", [1, 2, 3, 5, 8, 9])
@@ -174,8 +174,8 @@ def test_every_op_reads_inputs_off_a_64_byte_boundary_in_place(op_name, dtype):
     odd = {k: (misaligned_copy(v) if v.ndim else v) for k, v in inputs.items()}
     big = [k for k, v in odd.items() if v.ndim and v.nbytes >= _host_arrays._COPY_BELOW]
     assert "w" in big
-    tensors = _host_arrays.kernel_args([odd[k] for k in big], f"offset test {op_name}")
-    assert all(np.shares_memory(np.from_dlpack(t), odd[k]) for t, k in zip(tensors, big))
+    with _host_arrays.staged_inputs([odd[k] for k in big], f"offset test {op_name}") as tensors:
+        assert all(np.shares_memory(np.from_dlpack(t), odd[k]) for t, k in zip(tensors, big))
     _check(_run(odd, op_name), inputs, op_name, dtype)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _ort_harness import child_script, open_session, run_session
+from _ort_harness import child_script, open_session, run_child, run_session
 
 from lstm_tvm import onnx as lo
 from lstm_tvm import reference, testing
@@ -127,6 +127,43 @@ def test_cell_forward_backward_matches_tf(library, exports, dtype, tf):
     out = run_session(_session(model, library, exports), inputs)
     assert native.copy_count(library) > copies  # NumPy's own buffers: some are misaligned
     _check_pair("LSTMBlockCell", out, inputs, dtype)
+
+
+_PARALLEL = """
+import json
+import onnxruntime
+from _ort_harness import branch_feeds, branches_model
+from lstm_tvm import testing
+from lstm_tvm.onnx import native
+
+library, folder = sys.argv[1], sys.argv[2]
+threads, sizes = int(sys.argv[3]), json.loads(sys.argv[4])
+attrs = {"use_peephole": True}
+for op in ("BlockLSTMV2", "BlockLSTMGradV2", "LSTMBlockCellGrad"):
+    options = onnxruntime.SessionOptions()  # each session its own: the library registers once
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_PARALLEL
+    options.inter_op_num_threads = threads
+    model = branches_model(op, 3, input_size=sizes["I"], cell_size=sizes["H"], attrs=attrs)
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), native.session_options([folder], library, base=options),
+        providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    for call in range(4):
+        feeds, expected = branch_feeds(op, 3, seed=10 * call, attrs=attrs, **sizes)
+        out = dict(zip(names, session.run(None, feeds)))
+        for name, ref in expected.items():
+            testing.assert_close(out[name], ref, "float32", f"{op} x3 call {call}: {name}")
+    print("ok", op, flush=True)
+"""
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_parallel_executor_runs_the_native_route(library, exports, threads):
+    """Three independent nodes at once on onnxruntime's inter-op threads (threads Python did
+    not make), each on inputs of its own; in a child process: a crash fails this test only."""
+    out = run_child(_PARALLEL, library, exports["f32"], threads,
+                    json.dumps({"T": T, "B": B, "I": I, "H": H}))
+    assert out.split().count("ok") == 3, out
 
 
 def test_export_chosen_by_attributes_and_dims(library, exports):

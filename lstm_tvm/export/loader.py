@@ -10,6 +10,7 @@ input) before anything is copied or run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import copy
 import hashlib
 import json
@@ -21,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from .._args import AliasGuard, LastCall, bind_inputs, kernel_error, out_list, same_objects
-from .._host_arrays import kernel_args
+from .._host_arrays import staged_inputs
+from .._launch import launcher_for
 from .._tvm import configure_threads, tvm
 from ..validation import MAX_ELEMENTS
 from .manifest import ALIGNMENT, FORMAT, FORMAT_VERSION, MANIFEST
@@ -53,6 +55,7 @@ class ExportedOp:
     def __init__(self, name: str, entry: dict, func, device, sizes: Mapping[str, int],
                  module=None, input_alignment: int = ALIGNMENT):
         self.name, self.entry, self.func, self.device = name, entry, func, device
+        self._launch = launcher_for(device)
         self._module = module  # the library, for a prepacked op's functions
         self._bound: dict = {}  # see bind
         self._packs: list = []  # the panels of the prepacked kernel
@@ -100,13 +103,14 @@ class ExportedOp:
             bound.func = self._module[packed["function"]]
             bound._packs = [tvm.runtime.empty(p["shape"], p["dtype"], self.device)
                             for p in packed["panels"]]
-            self._module[packed["pack_function"]](held["w"], *bound._packs)
+            self._launch(self._module[packed["pack_function"]], held["w"], *bound._packs)
         return bound
 
     def __call__(self, *args, out=None, **kwargs):
         values = self._bind(args, kwargs)
         given = [values[n] for n in self._tensor_names]
         found = self._last.get(given, out)
+        staged = None  # staging buffers borrowed for this call
         if found is not None:  # the very tensors of the last call: checked
             dims, tensors, outputs = found
             scalars = self._scalars(values, dims)
@@ -124,7 +128,8 @@ class ExportedOp:
                 scalars = self._scalars(values, dims)
             outputs = self._outputs(dims, out)
             if key is not None and self._in_place:
-                tensors = kernel_args(given, (id(self), key))
+                staged = staged_inputs(given, (id(self), key))
+                tensors = staged.tensors
             else:
                 tensors = [_to_device(v, self.device) if isinstance(v, np.ndarray) else v
                            for v in given]
@@ -136,10 +141,11 @@ class ExportedOp:
         call_args = [None] * len(self.inputs)
         for position, value in zip(self._positions, [*scalars, *tensors, *self._held]):
             call_args[position] = value
-        try:
-            self.func(*call_args, *self._packs, *outputs)
-        except ValueError as err:  # the kernel's own argument checks
-            raise kernel_error(self.name, err, self._roles) from err
+        with staged if staged is not None else contextlib.nullcontext():
+            try:
+                self._launch(self.func, *call_args, *self._packs, *outputs)
+            except ValueError as err:  # the kernel's own argument checks
+                raise kernel_error(self.name, err, self._roles) from err
         return self.result_type(*outputs)
 
     def _layout(self) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from .. import env
 from .._files import atomic_path
+from ._threads import sleep_when_idle
 from .domain import DOMAIN
 
 __all__ = [
@@ -185,6 +186,8 @@ def session_options(export_dirs: Sequence[os.PathLike | str], library=None, base
     float16 export; ``library``: the built library (default :func:`build_library`). Sets
     :data:`CONFIG_EXPORT_DIRS`, then registers the library (which reads it then), so a bad
     folder raises here. The native kernels take precedence over attached ONNX functions.
+    ONNX Runtime's idle threads sleep unless ``base`` says otherwise
+    (:func:`._threads.sleep_when_idle`).
     """
     import onnxruntime
 
@@ -193,7 +196,7 @@ def session_options(export_dirs: Sequence[os.PathLike | str], library=None, base
     if not dirs or bad:
         raise ValueError(f"export_dirs: expected export folders (with manifest.json, no "
                          f"{os.pathsep!r} in the path), got {bad or dirs}")
-    options = base if base is not None else onnxruntime.SessionOptions()
+    options = sleep_when_idle(base if base is not None else onnxruntime.SessionOptions())
     options.add_session_config_entry(CONFIG_EXPORT_DIRS, os.pathsep.join(dirs))
     options.register_custom_ops_library(str(library or build_library()))
     return options

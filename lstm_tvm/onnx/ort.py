@@ -8,7 +8,8 @@ Two routes run a model holding :data:`~.domain.DOMAIN` nodes in onnxruntime:
   speed). float32 and float16.
 - **PyOp route** (this module): :func:`register_ort_ops` registers one PyOp per registry op
   (op type ``"org.lstm_tvm::<Op>"``) that calls :func:`lstm_tvm.raw_ops.run`;
-  :func:`session_options` returns ``SessionOptions`` with the extensions library registered.
+  :func:`session_options` returns ``SessionOptions`` with the extensions library registered
+  (and ONNX Runtime's idle threads sleeping: :func:`._threads.sleep_when_idle`).
   A registered PyOp takes precedence over an attached function. **float32 only.**
   :class:`InferenceSession` wraps both steps and adds the safety below.
 
@@ -45,6 +46,7 @@ import onnx
 from .. import raw_ops
 from ..registry import OPS, OpSpec, eval_dim
 from ._prepare import float16_nodes, prepare_model
+from ._threads import sleep_when_idle
 from .domain import DOMAIN
 
 __all__ = [
@@ -174,7 +176,7 @@ def session_options(base=None, *, register: bool = True):
 
     if register:
         register_ort_ops()
-    options = base if base is not None else onnxruntime.SessionOptions()
+    options = sleep_when_idle(base if base is not None else onnxruntime.SessionOptions())
     options.register_custom_ops_library(_extensions().get_library_path())
     return options
 
@@ -244,12 +246,9 @@ def _median_ms(routes: dict, repeat: int) -> dict[str, float]:
 
 
 def _no_spinning(onnxruntime):
-    """Session options whose idle threads sleep: spinning onnxruntime threads would steal the
-    cores from TVM's thread pool between the interleaved calls."""
-    options = onnxruntime.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return options
+    """Session options whose idle threads sleep (:func:`._threads.sleep_when_idle`), for the
+    function route's session too: the routes' calls are interleaved."""
+    return sleep_when_idle(onnxruntime.SessionOptions())
 
 
 def _native_routes(op_name, dtype, I, H, attrs, inputs, options: Callable) -> dict:

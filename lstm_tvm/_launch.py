@@ -1,0 +1,112 @@
+"""Where lstm_tvm's CPU kernels run: on the main thread, or on one thread lstm_tvm owns.
+
+TVM's CPU runtime gives every OS thread that launches a parallel kernel a thread pool of its
+own (a worker per core but one, created at that thread's first kernel and spinning for a while
+between kernels, even after its thread ended). Calls from ONNX Runtime's or TensorFlow's pool
+threads, from a ``ThreadPoolExecutor`` whose workers come and go, or from several threads at
+once, would each bring a pool: the process would keep two threads for every thread that ever
+called, and concurrent kernels, each using every core and meeting at a barrier every time step,
+would take turns on the cores (tens of times slower; docs/performance.md).
+
+So a kernel launched from the main thread runs there, and one launched from any other thread is
+handed to a single long-lived thread of lstm_tvm's (:func:`launch`), whose pool serves them all;
+and kernels run one at a time in the process (a lock), each with every core. The calling thread
+waits, blocked without the GIL, and gets the kernel's result or exception. A process has at
+most two TVM pools, whatever the threads that call, and no kernel ever runs on a thread that
+may end.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+
+__all__ = ["launch", "launcher_for"]
+
+_MAIN = threading.main_thread().ident
+
+
+def launch(func, *args):
+    """``func(*args)`` (a CPU kernel) on the main thread or lstm_tvm's kernel thread (see the
+    module doc); returns its result or raises its exception in the calling thread."""
+    if threading.get_ident() == _MAIN:
+        with _state.lock:
+            return func(*args)
+    return _state.thread().run(func, args)
+
+
+def launcher_for(device):
+    """How to call a kernel on ``device``: :func:`launch` for a CPU, else directly (a GPU
+    kernel only queues work on its stream)."""
+    return launch if device.dlpack_device_type() == 1 else _call
+
+
+def _call(func, *args):
+    return func(*args)
+
+
+class _KernelThread:
+    """The thread that runs the kernels of every thread but the main one, one job at a time."""
+
+    def __init__(self, lock):
+        self._lock = lock
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="lstm_tvm kernels",
+                                        daemon=True)
+        self._thread.start()
+
+    def run(self, func, args):
+        done = threading.Lock()
+        done.acquire()
+        job = [func, args, None, None, done]
+        self._jobs.put(job)
+        done.acquire()  # released by _serve once the kernel returned or raised
+        if job[3] is not None:
+            error, job[3] = job[3], None
+            raise error
+        return job[2]
+
+    def _serve(self):
+        while True:
+            job = self._jobs.get()
+            try:
+                with self._lock:
+                    job[2] = job[0](*job[1])
+            except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
+                job[3] = err
+            finally:
+                job[0] = job[1] = None
+                job[4].release()
+
+
+class _State:
+    """The kernel lock and the kernel thread (started at the first kernel of a thread other
+    than the main one; both made anew in a forked child, which has neither thread)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._thread: _KernelThread | None = None
+        self._starting = threading.Lock()
+
+    def thread(self) -> _KernelThread:
+        current = self._thread
+        if current is None:
+            with self._starting:
+                if self._thread is None:
+                    self._thread = _KernelThread(self.lock)
+                current = self._thread
+        return current
+
+
+_state = _State()
+
+
+def _after_fork_in_child():
+    global _state, _MAIN
+    _state = _State()
+    _MAIN = threading.main_thread().ident
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
