@@ -55,3 +55,26 @@ def test_native_onnx_runtime_example(tmp_path, monkeypatch):
     for name, want in [("h", fwd["h"]), ("cs", fwd["cs"]), ("x_grad", bwd["x_grad"]),
                        ("w_grad", bwd["w_grad"])]:
         testing.assert_close(results[name], want, "float16", name)
+
+
+def test_dynamic_training_step_imports_into_relax(tmp_path, monkeypatch, tf):
+    """The converted training step (written to step.onnx) imports with shared ``T``, ``B``,
+    compiles and runs; its loss against the same tf.function run by TF."""
+    pytest.importorskip("tf2onnx")
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    step = _run('output_path="step.onnx"', tmp_path, monkeypatch)["step"]
+    ns = _run("shape_dict={", tmp_path, monkeypatch)
+    vm = relax.VirtualMachine(tvm.compile(ns["mod"], "llvm"), tvm.cpu())
+    inputs = testing.make_inputs("BlockLSTMV2", T=3, B=2, I=32, H=64)
+    inputs["target"] = np.random.default_rng(0).standard_normal((3, 2, 64)).astype(np.float32)
+    names = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b", "target")
+    results = vm["main"](*[tvm.runtime.tensor(inputs[n]) for n in names])
+    order = [o.name for o in ns["onnx"].load(tmp_path / "step.onnx").graph.output]
+    got = dict(zip(order, results))["loss"].numpy()
+    want = step(**{n: inputs[n] for n in names})["loss"].numpy()
+    tol = tuple(a + b for a, b in zip(testing.tolerance("float32"),
+                                      testing.tf_tolerance("float32")))
+    testing.assert_close(got, want, "float32", "loss", tol=tol)

@@ -393,17 +393,20 @@ TF_SEQ_LEN_CASES = {
 FWD_PARAMS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 
 
+def _specs(tf, op, static):
+    """float32 specs of ``op``'s float inputs (``T``, ``B`` unknown unless ``static``)."""
+    sizes = {"T": T, "B": B, "I": I, "H": H}
+    return [tf.TensorSpec([eval_dim(d, sizes) if static or d not in ("T", "B") else None
+                           for d in s.shape], tf.float32, name=s.name)
+            for s in op.inputs if s.dtype == "T"]
+
+
 def _convert(tf, fn, op, static):
-    """``fn`` converted by ``lstm_tvm.convert`` at float32 specs of ``op``'s float inputs
-    (``T``, ``B`` unknown unless ``static``)."""
+    """``fn`` converted by ``lstm_tvm.convert`` at :func:`_specs`."""
     pytest.importorskip("tf2onnx", reason="lstm_tvm.convert needs tf2onnx")
     from lstm_tvm import convert
 
-    sizes = {"T": T, "B": B, "I": I, "H": H}
-    specs = [tf.TensorSpec([eval_dim(d, sizes) if static or d not in ("T", "B") else None
-                            for d in s.shape], tf.float32, name=s.name)
-             for s in op.inputs if s.dtype == "T"]
-    return convert.from_function(fn, specs)
+    return convert.from_function(fn, _specs(tf, op, static))
 
 
 @pytest.mark.parametrize("seq_len, static", TF_SEQ_LEN_CASES.values(),
@@ -495,6 +498,240 @@ def test_custom_op_seq_len_max_refusals():
                                         r"tensor, or a value computed from shapes\), got "
                                         r"R\.Shape"):
         from_onnx(model)
+
+
+# --- TF1-style models with a dynamic batch --------------------------------------------------
+
+#: The speech model's feature and dense sizes (its LSTM's I, H are the module's).
+FEATURES = 5
+
+
+def _speech_forward(tf, activation):
+    """A TF1 speech model's layers around ``BlockLSTM`` (``LSTMBlockFusedCell``'s settings:
+    ``forget_bias=0``, ``cell_clip=-1``, no peepholes): batch-major features to time-major, a
+    dense layer, ``reshape(..., [-1, batch_size, I])`` with ``batch_size = tf.shape(x)[0]``,
+    the LSTM over ``max(seq_length)`` steps from zero state, and its ``h`` flattened."""
+
+    def forward(x, seq_length, w1, b1, w, b):
+        batch_size = tf.shape(x)[0]
+        dense = tf.reshape(tf.transpose(x, [1, 0, 2]), [-1, FEATURES])
+        dense = activation(tf.matmul(dense, w1) + b1)
+        dense = tf.reshape(dense, [-1, batch_size, I])
+        zeros = tf.zeros([batch_size, H])
+        no_peephole = tf.zeros([H])
+        out = tf.raw_ops.BlockLSTM(
+            seq_len_max=tf.cast(tf.reduce_max(seq_length), tf.int64), x=dense, cs_prev=zeros,
+            h_prev=zeros, w=w, wci=no_peephole, wcf=no_peephole, wco=no_peephole, b=b,
+            forget_bias=0.0, cell_clip=-1.0, use_peephole=False)
+        return tf.reshape(out[6], [-1, H])
+
+    return forward
+
+
+def _speech_specs(tf):
+    return [tf.TensorSpec([None, None, FEATURES], tf.float32, name="x"),
+            tf.TensorSpec([None], tf.int32, name="seq_length"),
+            tf.TensorSpec([FEATURES, I], tf.float32, name="w1"),
+            tf.TensorSpec([I], tf.float32, name="b1"),
+            tf.TensorSpec([I + H, 4 * H], tf.float32, name="w"),
+            tf.TensorSpec([4 * H], tf.float32, name="b")]
+
+
+def _speech_feeds(steps, batch, seed):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, steps + 1, batch).astype(np.int32)
+    lengths[0] = steps  # TF defines every output row up to max(seq_length)
+    return {"x": rng.standard_normal((batch, steps, FEATURES)).astype(np.float32),
+            "seq_length": lengths,
+            "w1": rng.uniform(-0.5, 0.5, (FEATURES, I)).astype(np.float32),
+            "b1": rng.uniform(-0.5, 0.5, I).astype(np.float32),
+            "w": rng.uniform(-0.5, 0.5, (I + H, 4 * H)).astype(np.float32),
+            "b": rng.uniform(-0.5, 0.5, 4 * H).astype(np.float32)}
+
+
+def _check_against_tf(fn, model, what):
+    """``model`` (``fn`` converted) imported, compiled once and run at two (T, B), against
+    ``fn`` run by TF."""
+    _, vm = compiled(model)
+    tol = tuple(a + b for a, b in zip(testing.tolerance("float32"),
+                                      testing.tf_tolerance("float32")))
+    for steps, batch in ((T, B), (T2 + 1, B2 + 1)):
+        feeds = _speech_feeds(steps, batch, seed=steps)
+        want = {k: v.numpy() for k, v in fn(**feeds).items()}
+        for output, got in zip(model.graph.output, vm_run(vm, model, feeds)):
+            testing.assert_close(got, want[output.name], "float32",
+                                 f"{what} {output.name} T={steps} B={batch}", tol=tol)
+
+
+def test_tf1_dynamic_batch_model_matches_tf(tf):
+    """A TF1 speech model exported with a dynamic batch: ``Reshape`` and ``Expand`` take shapes
+    computed from ``tf.shape`` through int32 casts, slices and concats (TVM's own converters
+    refuse the ``Reshape``); ``logits`` against TF at two (T, B) of one compiled module."""
+    pytest.importorskip("tf2onnx", reason="lstm_tvm.convert needs tf2onnx")
+    from lstm_tvm import convert
+
+    forward = _speech_forward(tf, lambda z: tf.minimum(tf.nn.relu(z), 20.0))
+    fn = tf.function(lambda x, seq_length, w1, b1, w, b:
+                     {"logits": forward(x, seq_length, w1, b1, w, b)})
+    model = convert.from_function(fn, _speech_specs(tf))
+    mod, _ = compiled(model)
+    # Every shape followed at import: no reshape waits for a shape read back at run time.
+    assert "reshape_dim" not in str(mod["main"])
+    logits = mod["main"].ret_ty
+    assert logits.ndim == 2 and int(logits.shape.values[1]) == H, logits
+    _check_against_tf(fn, model, "forward")
+
+
+def test_tf1_dynamic_batch_gradient_matches_tf(tf):
+    """The same model's training gradients (dense layer linear: tf2onnx has no ``ReluGrad``),
+    ``BlockLSTMGrad`` fed by shapes computed from ``BlockLSTM``'s outputs, against TF's tape."""
+    pytest.importorskip("tf2onnx", reason="lstm_tvm.convert needs tf2onnx")
+    from lstm_tvm import convert
+
+    forward = _speech_forward(tf, lambda z: z)
+
+    def gradients(x, seq_length, w1, b1, w, b):
+        with tf.GradientTape() as tape:
+            tape.watch([w1, b1, w, b])
+            loss = tf.reduce_sum(tf.square(forward(x, seq_length, w1, b1, w, b)))
+        grads = tape.gradient(loss, [w1, b1, w, b])
+        return {"loss": loss, **dict(zip(("g_w1", "g_b1", "g_w", "g_b"), grads))}
+
+    fn = tf.function(gradients)
+    model = convert.from_function(fn, _speech_specs(tf))
+    assert "BlockLSTMGrad" in {n.op_type for n in model.graph.node}
+    _check_against_tf(fn, model, "gradient")
+
+
+def _training_step(tf):
+    """The README's training step through ``BlockLSTM`` (whose tape gradient TF gets right):
+    ``loss`` against a ``target`` fed as its own graph input."""
+
+    @tf.function
+    def step(x, cs_prev, h_prev, w, wci, wcf, wco, b, target):
+        params = [x, cs_prev, h_prev, w, wci, wcf, wco, b]
+        with tf.GradientTape() as tape:
+            tape.watch(params)
+            out = tf.raw_ops.BlockLSTM(seq_len_max=tf.shape(x, out_type=tf.int64)[0], x=x,
+                                       cs_prev=cs_prev, h_prev=h_prev, w=w, wci=wci, wcf=wcf,
+                                       wco=wco, b=b, use_peephole=True)
+            loss = tf.reduce_mean(tf.square(out.h - target))
+        grads = tape.gradient(loss, params)
+        return {"loss": loss, **{f"{n}_grad": g for n, g in zip(FWD_PARAMS, grads)}}
+
+    return step
+
+
+def test_training_step_with_dynamic_shapes(tf):
+    """A training step converted with ``T`` and ``B`` unknown: ``out.h - target`` broadcasts
+    two graph inputs' distinct unknown dims, so Relax loses the shape and the import says so,
+    naming the node and the inputs; with ``T`` and ``B`` shared through ``shape_dict`` it
+    imports (``BroadcastGradientArgs``' run-time axes resolved at import) and every output
+    matches TF at three (T, B), batch 1 included (its size-1 axes are summed or not alike)."""
+    pytest.importorskip("tf2onnx", reason="lstm_tvm.convert needs tf2onnx")
+    from tvm import tirx
+
+    from lstm_tvm import convert
+
+    step = _training_step(tf)
+    op = OPS["BlockLSTM"]
+    specs = [*_specs(tf, op, static=False),
+             tf.TensorSpec([None, None, H], tf.float32, name="target")]
+    model = convert.from_function(step, specs)
+    with pytest.raises(ValueError, match=(
+            r"Relax does not know the shape of input '.*': it was lost at Sub node 'sub' on "
+            r"'BlockLSTM:6' \(unk__\d+, unk__\d+, 6\), 'target' \(unk__\d+, unk__\d+, 6\).*"
+            r"shape_dict=.* for the graph inputs x \(unk__\d+, unk__\d+, 4\), cs_prev")):
+        from_onnx(model)
+    steps, batch = tirx.Var("T", "int64"), tirx.Var("B", "int64")
+    shared = {"x": [steps, batch, I], "cs_prev": [batch, H], "h_prev": [batch, H],
+              "target": [steps, batch, H]}
+    vm = relax.VirtualMachine(tvm.compile(from_onnx(model, shape_dict=shared), "llvm"),
+                              tvm.cpu())
+    tol = tuple(a + b for a, b in zip(testing.tolerance("float32"),
+                                      testing.tf_tolerance("float32")))
+    for t, b in ((T, B), (T2, B2), (1, 1)):
+        inputs = testing.make_inputs(op.name, T=t, B=b, I=I, H=H, seed=t)
+        feeds = {k: inputs[k] for k in FWD_PARAMS}
+        feeds["target"] = np.random.default_rng(t).standard_normal((t, b, H)).astype(np.float32)
+        want = {k: v.numpy() for k, v in step(**feeds).items()}
+        for output, got in zip(model.graph.output, vm_run(vm, model, feeds)):
+            testing.assert_close(got, want[output.name], "float32",
+                                 f"{output.name} T={t} B={b}", tol=tol)
+
+
+def _reshape_model(target=None):
+    """``Y = Reshape(X, shape)``: ``shape`` a graph input, or computed from ``X``'s shape with
+    ``target``'s nodes; ``X`` of shape ``(a, b, 6)``."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["a", "b", 6])
+    inputs = [x]
+    nodes = list(target or [])
+    if target is None:
+        inputs.append(helper.make_tensor_value_info("shape", TensorProto.INT64, [3]))
+    node = helper.make_node("Reshape", ["X", "shape"], ["Y"])
+    graph = helper.make_graph([*nodes, node], "reshape", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             ir_version=lo.IR_VERSION)
+
+
+def _const(name, values, dtype=np.int64):
+    return helper.make_node("Constant", [], [name],
+                            value=numpy_helper.from_array(np.array(values, dtype)))
+
+
+#: ``Reshape`` targets computed from ``X``'s shape: int32 casts, a ``0``, arithmetic.
+RESHAPE_TARGETS = {
+    "int32-concat": [helper.make_node("Shape", ["X"], ["s"]),
+                     helper.make_node("Cast", ["s"], ["s32"], to=TensorProto.INT32),
+                     _const("one", [1], np.int32), _const("two", [2], np.int32),
+                     helper.make_node("Slice", ["s32", "one", "two"], ["b32"]),
+                     _const("head", [-1], np.int32), _const("tail", [3], np.int32),
+                     helper.make_node("Concat", ["head", "b32", "tail"], ["t32"], axis=0),
+                     helper.make_node("Cast", ["t32"], ["shape"], to=TensorProto.INT64)],
+    "zero-and-product": [helper.make_node("Shape", ["X"], ["s"]),
+                         _const("zero", 0), _const("one", 1),
+                         helper.make_node("Gather", ["s", "zero"], ["a"]),
+                         helper.make_node("Gather", ["s", "one"], ["b"]),
+                         helper.make_node("Mul", ["a", "b"], ["ab"]),
+                         _const("axes", [0]),
+                         helper.make_node("Unsqueeze", ["ab", "axes"], ["ab1"]),
+                         _const("rest", [-1, 1]),
+                         helper.make_node("Concat", ["ab1", "rest"], ["shape"], axis=0)],
+}
+
+
+@pytest.mark.parametrize("target", RESHAPE_TARGETS.values(), ids=RESHAPE_TARGETS.keys())
+def test_reshape_to_a_shape_computed_from_shapes(target):
+    """Shapes followed through TVM's conversion: ``Y``'s dims are symbolic expressions of
+    ``X``'s (no run-time reshape of a read-back shape), values against onnxruntime at two
+    shapes."""
+    model = _reshape_model(target)
+    mod, vm = compiled(model)
+    assert mod["main"].ret_ty.shape is not None and "reshape_dim" not in str(mod["main"])
+    for shape in ((2, 4, 6), (3, 1, 6)):
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        (got,), (want,) = vm_run(vm, model, {"X": x}), ort_run(model, {"X": x})
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", [(0, -1, 3), (-1, 2, 3), (2, 0, 6), (4, 6, -1)])
+def test_reshape_to_a_shape_read_at_run_time(shape):
+    """A ``Reshape`` target fed as a graph input: ``0`` and ``-1`` resolved at run time, values
+    against onnxruntime; a target that does not hold ``X``'s elements exactly (fewer, or
+    negative dims whose product matches) raises instead of viewing part of ``X``."""
+    model = _reshape_model()
+    _, vm = compiled(model)
+    x = np.arange(2 * 4 * 6, dtype=np.float32).reshape(2, 4, 6)
+    feeds = {"X": x, "shape": np.array(shape, np.int64)}
+    (got,), (want,) = vm_run(vm, model, feeds), ort_run(model, feeds)
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(AssertionError, match=r"Reshape node \(unnamed, output 'Y'\): the target "
+                                             r"shape \[ 5 -1  3\] does not fit the data's shape "
+                                             r"\[2 4 6\]"):
+        vm_run(vm, model, {"X": x, "shape": np.array((5, -1, 3), np.int64)})
+    with pytest.raises(AssertionError, match=r"the target shape \[-2 -4  6\] does not fit"):
+        vm_run(vm, model, {"X": x, "shape": np.array((-2, -4, 6), np.int64)})
 
 
 # --- refusals ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ Relax ``IRModule`` that calls lstm_tvm's kernels (:func:`from_onnx`).
 - :mod:`.custom_ops`: converters of the six ``org.lstm_tvm`` ops.
 - :mod:`.onnx_lstm`: the converter of ONNX's standard ``LSTM``.
 - :mod:`.lstm_weights`: ONNX LSTM weights re-laid out for ``BlockLSTM`` (NumPy and Relax).
+- :mod:`.shape_values`: shapes the graph computes (``tf.shape`` arithmetic), followed at import.
 - :mod:`.sequence_te`: per-row sequence lengths (reverse, mask, last step) as TE.
 - :mod:`.kernel_calls`: ``call_tir`` of the kernels; :mod:`.shapes`: dims and dtypes.
 """

@@ -23,12 +23,17 @@ from .context import NodeContext, node_label
 from .custom_ops import CUSTOM_CONVERTERS
 from .kernel_calls import KernelTable
 from .onnx_lstm import LSTM
+from .shape_values import ShapeValues
 
 __all__ = ["LSTMGraphImporter", "from_onnx"]
 
 _STANDARD_DOMAINS = ("", "ai.onnx")
 #: Handled by TVM's importer outside its converter map.
 _TVM_DIRECT_OPS = ("If", "Constant")
+#: The ops TVM's importer lets take a ``ShapeExpr`` input (the list in its node loop); others
+#: get the shape as an ``int64`` tensor.
+_TVM_TAKES_SHAPES = ("Reshape", "Resize", "ConstantOfShape", "Gather", "Slice", "Shape",
+                     "Expand", "Concat", "Equal", "Where", "Cast", "CastLike", "Squeeze")
 
 
 class LSTMGraphImporter(ONNXGraphImporter):
@@ -41,6 +46,9 @@ class LSTMGraphImporter(ONNXGraphImporter):
                          sanitize=sanitize)
         self._kernels = kernels
         self._domain_version = domain_version
+        self._shape_values = ShapeValues()
+        #: ONNX values whose shape Relax does not know -> the node where it was lost.
+        self._lost_shapes: dict[str, str] = {}
 
     def _lstm_tvm_converter(self, domain: str, op_type: str):
         """``(converter class, version)`` when lstm_tvm converts this op, else ``None``."""
@@ -84,8 +92,8 @@ class LSTMGraphImporter(ONNXGraphImporter):
     def _construct_nodes(self, graph):
         for node in graph.node:
             found = self._lstm_tvm_converter(node.domain, node.op_type)
-            if found is None:  # TVM's loop reads only ``graph.node``
-                super()._construct_nodes(types.SimpleNamespace(node=[node]))
+            if found is None:
+                self._construct_standard(node)
                 continue
             inputs = onnx_input(self._nodes[name] if name else None for name in node.input)
             attrs = self._parse_attr(node.attribute)
@@ -101,6 +109,76 @@ class LSTMGraphImporter(ONNXGraphImporter):
                                  f"got {len(node.output)}")
             self._nodes.update((name, value) for name, value in zip(node.output, fields) if name)
 
+    def _construct_standard(self, node):
+        """``node`` converted by TVM, except where :class:`~.shape_values.ShapeValues` knows
+        better: an output whose value it knows and is static becomes a constant, a shape
+        operand (``Reshape``, ``Expand``, ``ReduceSum``'s axes, ...) is replaced by the value
+        it knows; then the output's value is remembered, if it follows from the inputs'."""
+        attrs = self._parse_attr(node.attribute)
+        shapes = self._shape_values
+        value = shapes.follow(node, self._nodes, attrs)
+        converted = shapes.convert(self.bb, node, self._nodes, value)
+        if converted is not None:
+            self._nodes[node.output[0]] = self.bb.normalize(converted)
+        else:
+            operand = shapes.shape_operand(self.bb, node, self._nodes, attrs)
+            if operand is not None:
+                node = self._with_input(node, *operand)
+            for k, name in enumerate(node.input):
+                expr = self._nodes.get(name) if name else None
+                if node.op_type not in _TVM_TAKES_SHAPES and expr is not None \
+                        and isinstance(expr.ty, relax.ShapeType):
+                    node = self._with_input(node, k, relax.op.shape_to_tensor(expr))
+            try:
+                super()._construct_nodes(types.SimpleNamespace(node=[node]))  # graph.node
+            except Exception as err:  # noqa: BLE001 - re-raised, with the cause when known
+                self._explain_lost_shape(node, err)
+                raise
+        shapes.record(node.output[0], value)
+        self._note_lost_shapes(node)
+
+    def _note_lost_shapes(self, node):
+        """Remember ``node``'s outputs whose shape Relax does not know, and where it was lost
+        (here, or where an input's was)."""
+        for name in node.output:
+            expr = self._nodes.get(name) if name else None
+            if expr is None or _shape_known(expr):
+                continue
+            inherited = [self._lost_shapes[n] for n in node.input if n in self._lost_shapes]
+            if inherited:
+                self._lost_shapes[name] = inherited[0]
+                continue
+            operands = ", ".join(f"{n!r} {_shape_text(self._nodes[n])}" for n in node.input
+                                 if n and n in self._nodes)
+            self._lost_shapes[name] = f"{node_label(node)} on {operands}"
+
+    def _explain_lost_shape(self, node, err: Exception):
+        """Raise ``ValueError`` saying why TVM's converter failed on ``node`` when an input's
+        shape was lost upstream (distinct symbolic dims that broadcast against each other)."""
+        lost = [n for n in node.input if n in self._lost_shapes]
+        if not lost:
+            return
+        symbolic = ", ".join(f"{name} {_shape_text(self._nodes[name])}"
+                             for name in self._inputs if name in self._nodes
+                             and not _shape_static(self._nodes[name]))
+        raise ValueError(
+            f"{node_label(node)}: TVM's converter failed ({type(err).__name__}) because "
+            f"Relax does not know the shape of input "
+            f"{lost[0]!r}: it was lost at {self._lost_shapes[lost[0]]}, whose symbolic dims "
+            f"are distinct symbols that Relax cannot broadcast at import. ONNX exporters name "
+            f"each unknown dim apart (tf2onnx: unk__N); where dims are equal at run time, "
+            f"import with one tvm.tirx.Var per dim, e.g. from_onnx(model, shape_dict={{...}}) "
+            f"for the graph inputs {symbolic}") from err
+
+    def _with_input(self, node: onnx.NodeProto, index: int, expr) -> onnx.NodeProto:
+        """A copy of ``node`` reading input ``index`` from ``expr`` (under a new name)."""
+        name = f"{node.input[index]}/for_{node.output[0]}"
+        self._nodes[name] = expr
+        copy = onnx.NodeProto()
+        copy.CopyFrom(node)
+        copy.input[index] = name
+        return copy
+
     def _convert_operator(self, op_name, inputs, attrs, opset):
         # Reached for TVM's own ops, and for the nodes of If branches (TVM's importer converts
         # those itself and does not pass their domain on).
@@ -115,6 +193,32 @@ class LSTMGraphImporter(ONNXGraphImporter):
         cls, version = found
         ctx = NodeContext(label, self._kernels)
         return self.bb.normalize(cls.get_converter(version)(self.bb, inputs, attrs, ctx))
+
+
+def _shape_known(expr) -> bool:
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TensorType):
+        return isinstance(ty.shape, relax.ShapeExpr)
+    if isinstance(ty, relax.ShapeType):
+        return ty.values is not None
+    return True
+
+
+def _shape_static(expr) -> bool:
+    ty = getattr(expr, "ty", None)
+    return not isinstance(ty, relax.TensorType) or isinstance(ty.shape, relax.ShapeExpr) and \
+        all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values)
+
+
+def _shape_text(expr) -> str:
+    """``(unk__1, 6)``, or ``(?, ?)`` where Relax knows only the rank."""
+    ty = getattr(expr, "ty", None)
+    if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
+        return "(" + ", ".join(str(d.value) if isinstance(d, tvm.tirx.IntImm) else str(d)
+                               for d in ty.shape.values) + ")"
+    if isinstance(ty, relax.TensorType) and ty.ndim >= 0:
+        return "(" + ", ".join("?" * ty.ndim) + ")"
+    return str(ty)
 
 
 def _opset_versions(model: onnx.ModelProto) -> tuple[int, int]:
