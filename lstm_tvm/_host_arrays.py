@@ -188,7 +188,20 @@ def _buffer(array: np.ndarray) -> tuple:
     """An aligned, C-contiguous, native-order buffer of ``array``'s shape and dtype, as an
     array and as a TVM tensor."""
     view = aligned_empty(array.nbytes).view(array.dtype.newbyteorder("=")).reshape(array.shape)
+    view = compact_strides(view)
     return view, tvm_ffi.from_dlpack(view)
+
+
+def compact_strides(array: np.ndarray) -> np.ndarray:
+    """``array``, as a view with C-contiguous strides when it has no elements: NumPy gives a
+    zero-size array zero strides, which DLPack passes on and TVM's compactness check of a
+    kernel argument refuses."""
+    if array.size or array.ndim == 0:
+        return array
+    strides = [array.itemsize]
+    for dim in reversed(array.shape[1:]):
+        strides.insert(0, strides[0] * dim)
+    return np.lib.stride_tricks.as_strided(array, strides=strides)
 
 
 class OutputLayout:
@@ -230,7 +243,7 @@ class OutputBuffer:
         self.layout = layout
         self.raw = np.empty(layout.nbytes + ALIGNMENT, np.uint8)
         buf = _aligned(self.raw, layout.nbytes)
-        self.arrays = [buf[o:o + n].view(layout.dtype).reshape(s)
+        self.arrays = [compact_strides(buf[o:o + n].view(layout.dtype).reshape(s))
                        for (o, n), s in zip(layout.spans, layout.shapes)]
         del buf
         self.tensors = [tvm_ffi.from_dlpack(a) for a in self.arrays]

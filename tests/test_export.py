@@ -374,6 +374,42 @@ def test_loader_checks_inputs(exported, tmp_path):
         lte.load(copy)
 
 
+@pytest.mark.parametrize("op_name", list(OPS))
+@pytest.mark.parametrize("steps, batch", [(T, 0), (0, B), (0, 0)])
+def test_loader_runs_empty_batches_and_sequences(exported, op_name, steps, batch):
+    """B = 0 and T = 0 with NumPy inputs (zero-size arrays, whose NumPy strides are 0) against
+    the reference: empty outputs of the right shapes, a cell's outputs for B rows."""
+    folder, _ = exported
+    seq = OPS[op_name].kind == "sequence"
+    if not seq and steps == 0 and batch != 0:
+        pytest.skip("a cell op has no T")
+    inputs = testing.make_inputs(op_name, B=batch, I=I, H=H, T=steps if seq else None,
+                                 seq_len_max=steps if seq else None, attrs=ATTRS, seed=1)
+    out = lte.load(folder)[op_name](**inputs)
+    _assert_matches_reference(op_name, {k: v.numpy() for k, v in out._asdict().items()},
+                              inputs)
+
+
+def test_loader_reports_a_manifest_that_does_not_match_its_library(exported, tmp_path):
+    """A manifest whose ``I`` (sizes and every static dim) differs from the library's: the
+    kernel's refusal is reported as the manifest's shape not matching the library."""
+    folder, _ = exported
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / lte.MANIFEST).read_text())
+    manifest["sizes"]["I"] = I + 1
+    for entry in manifest["ops"].values():
+        for param in entry["params"]:
+            param["shape"] = [s + 1 if d in ("I", "I+H") else s
+                              for s, d in zip(param["shape"], param["dims"])]
+    (copy / lte.MANIFEST).write_text(json.dumps(manifest))
+    inputs = testing.make_inputs("BlockLSTM", B=B, I=I + 1, H=H, T=T, attrs=ATTRS)
+    with pytest.raises(ValueError, match=r"BlockLSTM: the library's function takes another "
+                                         r"shape for input 'x' than the manifest's \['T', 'B', "
+                                         rf"{I + 1}\].*the manifest does not match its library"):
+        lte.load(copy)["BlockLSTM"](**inputs)
+
+
 def test_cli_export_float16(tmp_path):
     """``lstm-tvm export`` writes a loadable float16 library (one op, no ONNX)."""
     result = CliRunner().invoke(main, ["export", "--ops", "LSTMBlockCell", "--dtype", "float16",

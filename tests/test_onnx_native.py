@@ -200,6 +200,34 @@ def test_registration_errors_raise(library, exports, tmp_path):
         options.register_custom_ops_library(str(library))
 
 
+_DAMAGED = """
+import sys
+from lstm_tvm.onnx import native
+try:
+    native.session_options([sys.argv[2]], library=sys.argv[1])
+except Exception as err:
+    print("refused:", err)
+"""
+
+
+@pytest.mark.parametrize("keep", [0.25, 0.55])
+def test_a_damaged_export_is_refused_before_it_is_mapped(library, exports, tmp_path, keep):
+    """An export whose library was truncated (to a quarter: mapping it is a SIGBUS; to 55%: it
+    would load) fails registration naming the file and the manifest's checksum; in a child
+    process, so a crash fails this test only."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(exports["f32"], damaged)
+    manifest = json.loads((damaged / "manifest.json").read_text())
+    lib = damaged / manifest["library"]
+    data = lib.read_bytes()
+    lib.write_bytes(data[:int(len(data) * keep)])
+    out = run_child(_DAMAGED, library, damaged)
+    assert "refused:" in out and "does not match the manifest's library_sha256" in out, out
+    assert str(lib) in out, out
+
+
 #: Forward op -> kernels of its pair with a prepacked kernel (LSTMBlockCellGrad reads no w).
 PREPACKED_PAIR = {"BlockLSTMV2": 2, "LSTMBlockCell": 1}
 

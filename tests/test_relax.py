@@ -475,9 +475,15 @@ SEQ_LEN_FORMS = {
 @pytest.mark.parametrize("nodes, seq_len", SEQ_LEN_FORMS.values(), ids=SEQ_LEN_FORMS.keys())
 def test_custom_op_seq_len_max_forms(nodes, seq_len):
     """``seq_len_max`` as a shape-derived int32 ``PrimExpr``, arithmetic on a shape, and an
-    int32 constant, against the float64 reference at two (T, B)."""
+    int32 constant, against the float64 reference at two (T, B). int32 is outside the ops'
+    schema (int64): the importer takes it with ``check_model=False``."""
     model = _seq_len_model(nodes)
-    _, vm = compiled(model)
+    int32 = any(n.op_type == "Constant" and n.attribute[0].t.data_type == TensorProto.INT32
+                or n.op_type == "Cast" for n in nodes)
+    if int32:
+        with pytest.raises(TypeError, match=r"input 'seq_len_max' expected int64, got int32"):
+            from_onnx(model)
+    _, vm = compiled(model, check_model=not int32)
     for steps, batch in ((T, B), (T + 1, B2)):
         inputs = testing.make_inputs("BlockLSTM", B=batch, I=I, H=H, T=steps,
                                      seq_len_max=seq_len(steps))
@@ -491,8 +497,11 @@ def test_custom_op_seq_len_max_refusals():
     """A float ``seq_len_max`` and a rank-1 shape are refused at import, naming the input."""
     model = _seq_len_model([], [numpy_helper.from_array(np.float32(3), "seq_len_max")])
     with pytest.raises(TypeError, match=r"BlockLSTM node 'BlockLSTM': input 'seq_len_max' "
-                                        r"expected int64 \(or int32\), got float32"):
+                                        r"expected int64, got float32"):
         from_onnx(model)
+    with pytest.raises(TypeError, match=r"BlockLSTM node 'BlockLSTM': input 'seq_len_max' "
+                                        r"expected int64 \(or int32\), got float32"):
+        from_onnx(model, check_model=False)
     model = _seq_len_model([helper.make_node("Shape", ["x"], ["seq_len_max"], end=1)])
     with pytest.raises(TypeError, match=r"input 'seq_len_max' expected an int64 scalar \(a "
                                         r"tensor, or a value computed from shapes\), got "
@@ -670,7 +679,8 @@ def _reshape_model(target=None):
         inputs.append(helper.make_tensor_value_info("shape", TensorProto.INT64, [3]))
     node = helper.make_node("Reshape", ["X", "shape"], ["Y"])
     graph = helper.make_graph([*nodes, node], "reshape", inputs,
-                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT,
+                                                             ["y0", "y1", "y2"])])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
                              ir_version=lo.IR_VERSION)
 
@@ -777,10 +787,14 @@ def test_lstm_refusals_listed_together():
 
 
 def test_lstm_layout_needs_opset_14():
+    """onnx's checker refuses it first; unchecked, the converter names the attribute."""
     model, _ = lstm_model(layout=1, opset=13)
+    with pytest.raises(ValueError, match=r"onnx.checker rejects it: .*Unrecognized attribute: "
+                                         r"layout for operator LSTM"):
+        from_onnx(model)
     with pytest.raises(OpAttributeInvalid, match=r"unknown attribute\(s\) \['layout'\] for "
                                                  r"LSTM opset 13"):
-        from_onnx(model)
+        from_onnx(model, check_model=False)
 
 
 def test_lstm_shape_and_dtype_refusals():
@@ -799,14 +813,69 @@ def test_lstm_shape_and_dtype_refusals():
         from_onnx(model)
 
 
+def _second_writer(model):
+    node = onnx.NodeProto()
+    node.CopyFrom(model.graph.node[0])
+    node.name = "second"
+    model.graph.node.append(node)
+
+
+def _repeated_attribute(model):
+    model.graph.node[0].attribute.append(helper.make_attribute("forget_bias", 2.0))
+
+
+def _missing_output(model):
+    del model.graph.node[0].output[6]
+    del model.graph.output[6]
+
+
+def _cycle(model):
+    model.graph.node[0].input[1] = "x2"
+    model.graph.node.append(helper.make_node("Identity", ["h"], ["x2"], name="loop"))
+
+
+def _unsorted(model):
+    model.graph.node[0].input[1] = "x2"
+    model.graph.node.append(helper.make_node("Identity", ["x"], ["x2"], name="late"))
+
+
+#: Invalid graphs TVM's importer would import (or fail on with a bare KeyError): the checker's
+#: message (with lstm_tvm's schemas), and what ``check_model=False`` does.
+INVALID_GRAPHS = {
+    "outputs-written-twice": (_second_writer, "single static assignment", None),
+    "repeated-attribute": (_repeated_attribute, "'forget_bias' appeared multiple times", None),
+    "missing-output": (_missing_output, r"output size 6 not in range \[min=7, max=7\]", None),
+    "cycle": (_cycle, "topologically sorted",
+              r"BlockLSTM node 'BlockLSTM': input 'x2' is read before it is defined: written "
+              r"by Identity node 'loop', which comes later"),
+    "unsorted": (_unsorted, "topologically sorted",
+                 r"input 'x2' is read before it is defined: written by Identity node 'late'"),
+}
+
+
+@pytest.mark.parametrize("damage, checker, unchecked", INVALID_GRAPHS.values(),
+                         ids=INVALID_GRAPHS.keys())
+def test_invalid_graphs_refused(damage, checker, unchecked):
+    """``from_onnx`` refuses what onnx's checker rejects, with its message; unsorted nodes are
+    refused by name even unchecked."""
+    model = lo.make_model("BlockLSTM", input_size=I, cell_size=H)
+    damage(model)
+    with pytest.raises(ValueError, match=r"model: onnx.checker rejects it: .*" + checker):
+        from_onnx(model)
+    if unchecked is not None:
+        with pytest.raises(ValueError, match=unchecked):
+            from_onnx(model, check_model=False)
+
+
 def test_custom_op_refusals():
     model = lo.make_model("BlockLSTMGrad", input_size=I, cell_size=H,
                           attrs={"use_peephole": True})
     model.graph.node[0].attribute[0].i = 2
-    with pytest.raises(OpAttributeInvalid, match=r"BlockLSTMGrad node 'BlockLSTMGrad': "
-                                                 r"attribute 'use_peephole' expected 0 or 1, "
-                                                 r"got 2"):
+    message = r"BlockLSTMGrad node 'BlockLSTMGrad': attribute 'use_peephole' expected 0 or 1, got 2"
+    with pytest.raises(ValueError, match=message):  # the contract
         from_onnx(model)
+    with pytest.raises(OpAttributeInvalid, match=message):  # the converter
+        from_onnx(model, check_model=False)
     model = lo.make_model("LSTMBlockCell", input_size=I, cell_size=H)
     for value in model.graph.input:
         for k, dim in enumerate(value.type.tensor_type.shape.dim):
@@ -816,8 +885,10 @@ def test_custom_op_refusals():
         from_onnx(model)
     model = lo.make_model("LSTMBlockCell", input_size=I, cell_size=H)
     model.graph.node[0].op_type = "GRUBlockCell"
-    with pytest.raises(OpNotImplemented, match=r"org\.lstm_tvm\.GRUBlockCell"):
+    with pytest.raises(ValueError, match=r"org\.lstm_tvm has no op\(s\) \['GRUBlockCell'\]"):
         from_onnx(model)
+    with pytest.raises(OpNotImplemented, match=r"org\.lstm_tvm\.GRUBlockCell"):
+        from_onnx(model, check_model=False)
 
 
 def _modules(module):

@@ -15,6 +15,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,9 @@ from ..validation import MAX_ELEMENTS
 from .manifest import ALIGNMENT, FORMAT, FORMAT_VERSION, MANIFEST
 
 __all__ = ["ExportedLibrary", "ExportedOp", "load"]
+
+#: TVM's packed-API refusal of a tensor's static shape (checked as compact strides first).
+_SHAPE_REFUSAL = re.compile(r"Mismatched (\w+)\.(?:shape|strides)")
 
 
 class ExportedOp:
@@ -145,8 +149,23 @@ class ExportedOp:
             try:
                 self._launch(self.func, *call_args, *self._packs, *outputs)
             except ValueError as err:  # the kernel's own argument checks
-                raise kernel_error(self.name, err, self._roles) from err
+                raise self._refused(err) from err
         return self.result_type(*outputs)
+
+    def _refused(self, err: ValueError) -> ValueError:
+        """The error for an argument the kernel refused. A shape or stride refused after the
+        manifest's checks passed (every tensor this loader passes is compact) means the
+        library's function takes other static dims than its manifest says."""
+        error = kernel_error(self.name, err, self._roles)
+        match = _SHAPE_REFUSAL.search(str(err))
+        params = {p["name"]: p for p in self.entry["params"]}
+        if match is None or match.group(1) not in params:
+            return error
+        param = params[match.group(1)]
+        return ValueError(
+            f"{self.name}: the library's function takes another shape for {param['role']} "
+            f"{param['name']!r} than the manifest's {param['shape']} (dims {param['dims']}): "
+            f"the manifest does not match its library; export the folder again ({error})")
 
     def _layout(self) -> None:
         """Sort the inputs a call takes (scalars, tensors) from the bound ones, and note where

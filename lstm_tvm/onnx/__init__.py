@@ -2,6 +2,7 @@
 
 - :mod:`.domain`: the domain constants and attribute conversion.
 - :mod:`.schema`: ``OpSchema``s with shape inference (``register_schemas``).
+- :mod:`.contract`: what every route holds lstm_tvm nodes to (``check_model``).
 - :mod:`.functions`: each op as an ONNX function in standard ops (runs in onnxruntime as is).
 - :mod:`.models`: node and model builders.
 - :mod:`.ort`: onnxruntime-extensions PyOps calling lstm_tvm's TVM kernels (import it
@@ -10,6 +11,7 @@
   export folders' TVM kernels natively in onnxruntime (import it explicitly).
 """
 
+from .contract import check_model
 from .domain import DOMAIN, DOMAIN_VERSION, IR_VERSION, ONNX_OPSET
 from .functions import make_function, make_functions
 from .models import make_forward_backward_model, make_model, make_node
@@ -20,6 +22,7 @@ __all__ = [
     "DOMAIN_VERSION",
     "IR_VERSION",
     "ONNX_OPSET",
+    "check_model",
     "deregister_schemas",
     "make_forward_backward_model",
     "make_function",

@@ -40,11 +40,12 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=node_name, **attrs))
         return outs if len(outs) > 1 or outputs else outs[0]
 
-    def ref_constant(self, attr_name: str, attr_type: int, hint: str) -> str:
+    def ref_constant(self, attr_name: str, attr_type: int, hint: str,
+                     node_name: str | None = None) -> str:
         """A Constant whose value is the enclosing function's attribute ``attr_name``."""
         field = {AttributeProto.FLOAT: "value_float", AttributeProto.INT: "value_int"}[attr_type]
         out = self.name(hint)
-        node = helper.make_node("Constant", [], [out])
+        node = helper.make_node("Constant", [], [out], name=node_name)
         node.attribute.append(helper.make_attribute_ref(field, attr_type, ref_attr_name=attr_name))
         self.nodes.append(node)
         return out

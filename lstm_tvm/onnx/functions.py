@@ -52,7 +52,7 @@ from onnx import AttributeProto, FunctionProto, helper
 from ..registry import OPS, OpSpec, get_op
 from ..validation import F32_TINY
 from . import _lstm_math as lm
-from ._checks import checked_inputs, scalar
+from ._checks import after_checks, checked_inputs, scalar
 from ._graph import BOOL, F32, I64, INT64_MAX, INT64_MIN, Graph
 from .domain import DOMAIN, ONNX_OPSET, onnx_attr_default, onnx_attr_type
 
@@ -80,15 +80,18 @@ class _Ctx:
             active = g.op("GreaterOrEqual", clip, tiny)  # False for NaN
             hi = g.op("Where", active, clip, g.const(np.inf, np.float32, "inf"), hint="clip_hi")
             self.clip = (g.op("Neg", hi, hint="clip_lo"), hi)
-        flag = g.ref_constant("use_peephole", AttributeProto.INT, "use_peephole")
+        # Named for onnxruntime's error when a node lacks the attribute (the grad ops)
+        flag = g.ref_constant("use_peephole", AttributeProto.INT, "use_peephole",
+                              node_name=f"{op.name}_attribute_use_peephole_is_given")
         self._checked = {}
-        self._checked["cs_prev"], self.n1 = checked_inputs(g, op, flag)
+        self._checked["cs_prev"], self.n1, self._checked_zero = checked_inputs(
+            g, op, flag, self.forget_bias)
         self.use_peephole = g.op("Cast", flag, to=BOOL, hint="peephole")
 
     def f32(self, name: str) -> str:
         """Input ``name`` cast to float32 (one Cast node in the top-level graph)."""
         if name not in self._f32:
-            source = self._checked.get(name, name)
+            source = self._checked.get(name) or after_checks(self.g, name, self._checked_zero)
             self._f32[name] = self.g.op("Cast", source, to=F32, hint=name)
         return self._f32[name]
 

@@ -16,7 +16,9 @@ every failure an ONNX Runtime error. This module gets what it needs and builds i
   ``libtvm_runtime.so`` and ``libtvm_ffi.so`` (as :func:`lstm_tvm.export.cxx_build_command`),
   with ``-DLSTM_TVM_ORT_DOMAIN`` = :data:`~.domain.DOMAIN`.
 - :func:`session_options`: ``SessionOptions`` with :data:`CONFIG_EXPORT_DIRS` set and the
-  library registered (the library reads the entry when it is registered).
+  library registered (the library reads the entry when it is registered);
+  :func:`InferenceSession`: a session on them, the model checked first
+  (:func:`lstm_tvm.onnx.check_model`).
 
 Exports fix ``I``, ``H``, the dtype and the attributes: pass one folder per combination a model
 needs; a node whose attributes no export has fails at session creation, a call whose dims no
@@ -41,6 +43,7 @@ from .domain import DOMAIN
 
 __all__ = [
     "CONFIG_EXPORT_DIRS",
+    "InferenceSession",
     "HEADER_SHA256",
     "ORT_HEADERS_NPM",
     "SOURCE",
@@ -200,6 +203,30 @@ def session_options(export_dirs: Sequence[os.PathLike | str], library=None, base
     options.add_session_config_entry(CONFIG_EXPORT_DIRS, os.pathsep.join(dirs))
     options.register_custom_ops_library(str(library or build_library()))
     return options
+
+
+def InferenceSession(model, export_dirs: Sequence[os.PathLike | str], *, library=None,
+                     sess_options=None, **kwargs):
+    """An ``onnxruntime.InferenceSession`` of ``model`` on the native route, after
+    :func:`lstm_tvm.onnx.check_model` (what the library cannot see: unknown attributes, the
+    domain's version, every input's type).
+
+    ``model`` is a ``ModelProto``, serialized bytes or a path; ``export_dirs``, ``library`` and
+    ``sess_options`` (the base options) as :func:`session_options`; other keyword arguments go
+    to ``onnxruntime.InferenceSession`` (``providers`` defaults to CPU).
+    """
+    import onnx
+    import onnxruntime
+
+    from .contract import check_model
+
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load_model_from_string(model) if isinstance(model, bytes) \
+            else onnx.load(model)
+    check_model(model)
+    kwargs.setdefault("providers", ["CPUExecutionProvider"])
+    return onnxruntime.InferenceSession(
+        model.SerializeToString(), session_options(export_dirs, library, sess_options), **kwargs)
 
 
 def aligned_copy(array):

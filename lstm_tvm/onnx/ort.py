@@ -46,6 +46,7 @@ import onnx
 from .. import raw_ops
 from ..registry import OPS, OpSpec, eval_dim
 from ._prepare import float16_nodes, prepare_model
+from .contract import check_model
 from ._threads import sleep_when_idle
 from .domain import DOMAIN
 
@@ -184,10 +185,11 @@ def session_options(base=None, *, register: bool = True):
 class InferenceSession:
     """An ``onnxruntime.InferenceSession`` on the PyOp route, with the safety of the module doc.
 
-    ``model`` is a ``ModelProto``, serialized bytes or a path; ``float16`` as
-    :func:`prepare_model`; other keyword arguments go to ``onnxruntime.InferenceSession``
-    (``providers`` defaults to CPU). :meth:`run` raises the PyOp's own exception (e.g.
-    ``ValueError`` for a wrong shape) when an lstm_tvm node fails.
+    ``model`` is a ``ModelProto``, serialized bytes or a path, checked by
+    :func:`lstm_tvm.onnx.check_model` first; ``float16`` as :func:`prepare_model`; other
+    keyword arguments go to ``onnxruntime.InferenceSession`` (``providers`` defaults to CPU).
+    :meth:`run` raises the PyOp's own exception (e.g. ``ValueError`` for a wrong shape) when
+    an lstm_tvm node fails.
     """
 
     def __init__(self, model, *, float16: str = "error", sess_options=None, **kwargs):
@@ -196,6 +198,7 @@ class InferenceSession:
         if not isinstance(model, onnx.ModelProto):
             model = onnx.load_model_from_string(model) if isinstance(model, bytes) \
                 else onnx.load(model)
+        check_model(model)
         self.model = prepare_model(model, float16=float16)
         kwargs.setdefault("providers", ["CPUExecutionProvider"])
         self.session = onnxruntime.InferenceSession(
@@ -205,9 +208,12 @@ class InferenceSession:
         return getattr(self.session, name)
 
     def run(self, output_names, input_feed, run_options=None):
-        """As ``onnxruntime.InferenceSession.run``; a failing lstm_tvm node raises its error."""
+        """As ``onnxruntime.InferenceSession.run``; a failing lstm_tvm node raises its error.
+        A NumPy feed in non-native byte order is converted first (ONNX Runtime's binding
+        would read its bytes as native order)."""
         import onnxruntime
 
+        input_feed = {name: _native_order(value) for name, value in input_feed.items()}
         run = {"options": run_options if run_options is not None else onnxruntime.RunOptions(),
                "error": None}
         with _LOCK:
@@ -228,6 +234,12 @@ class InferenceSession:
         if run["error"] is not None:  # the failing node was the last one to run
             raise run["error"]
         return result
+
+
+def _native_order(value):
+    if isinstance(value, np.ndarray) and not value.dtype.isnative:
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
 
 
 # --- route timings ---------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..onnx.contract import node_label
 from .kernel_calls import KernelTable
 
 __all__ = ["NodeContext", "node_label"]
@@ -19,12 +20,3 @@ class NodeContext:
 
     label: str
     kernels: KernelTable
-
-
-def node_label(node) -> str:
-    """``"<op type> node '<name>'"``, or the first output's name for an unnamed node."""
-    if node.name:
-        return f"{node.op_type} node {node.name!r}"
-    outputs = [o for o in node.output if o]
-    return f"{node.op_type} node (unnamed, output {outputs[0]!r})" if outputs else \
-        f"{node.op_type} node (unnamed)"

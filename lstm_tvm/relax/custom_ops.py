@@ -8,14 +8,12 @@ floats, bools as 0/1 ints), TF's defaults filling the omitted ones.
 
 from __future__ import annotations
 
-import numbers
-
 from tvm import tirx
 from tvm.error import OpAttributeInvalid, OpAttributeRequired
 from tvm.relax.frontend.onnx.onnx_frontend import OnnxOpConverter
 
 from ..registry import DTYPES, OPS, OpSpec, eval_dim, get_op
-from ..validation import validate_attrs
+from ..onnx.contract import node_attrs
 from .context import NodeContext
 from .kernel_calls import seq_len_value
 from .shapes import dtype_of, known_dims, static_dim, tensor_dims
@@ -31,34 +29,16 @@ class TFBlockOpConverter(OnnxOpConverter):
     @classmethod
     def check_attrs(cls, attr: dict, label: str, version: int = 1) -> dict:
         """The node's attributes as TF's (every one, defaults filled), or an ``OpError``
-        naming the node, attribute and value."""
+        naming the node, attribute and value (:func:`lstm_tvm.onnx.contract.node_attrs`)."""
         op = get_op(cls.op_name)
         given = {k: v for k, v in attr.items() if k != "tvm_custom"}
-        unknown = sorted(set(given) - set(op.attr_names))
-        if unknown:
-            raise OpAttributeInvalid(f"{label}: unknown attribute(s) {unknown}; expected among "
-                                     f"{list(op.attr_names)}")
-        values = {}
-        for spec in op.attrs:
-            if spec.name not in given:
-                if spec.required:
-                    raise OpAttributeRequired(f"{label}: attribute {spec.name!r} is required")
-                continue
-            value = given[spec.name]
-            if spec.type is bool:
-                if not isinstance(value, numbers.Integral) or int(value) not in (0, 1):
-                    raise OpAttributeInvalid(f"{label}: attribute {spec.name!r} expected 0 or 1,"
-                                             f" got {value!r}")
-                values[spec.name] = bool(value)
-            elif isinstance(value, numbers.Real):
-                values[spec.name] = float(value)
-            else:
-                raise OpAttributeInvalid(f"{label}: attribute {spec.name!r} expected a float, "
-                                         f"got {value!r}")
+        missing = [spec.name for spec in op.attrs if spec.required and spec.name not in given]
+        if missing:
+            raise OpAttributeRequired(f"{label}: attribute {missing[0]!r} is required")
         try:
-            return validate_attrs(op, values)
+            return node_attrs(op, given, label)
         except (TypeError, ValueError) as err:
-            raise OpAttributeInvalid(f"{label}: {err}") from err
+            raise OpAttributeInvalid(str(err)) from None
 
     @classmethod
     def _impl_v1(cls, bb, inputs, attr, ctx: NodeContext):

@@ -19,6 +19,7 @@ from tvm.error import OpError, OpNotImplemented
 from tvm.relax.frontend.onnx.onnx_frontend import ONNXGraphImporter, _get_convert_map, onnx_input
 
 from ..onnx.domain import DOMAIN, DOMAIN_VERSION
+from ..onnx import contract
 from .context import NodeContext, node_label
 from .custom_ops import CUSTOM_CONVERTERS
 from .kernel_calls import KernelTable
@@ -90,6 +91,7 @@ class LSTMGraphImporter(ONNXGraphImporter):
             raise type(errors[0])("\n".join(str(e) for e in errors))
 
     def _construct_nodes(self, graph):
+        _check_order(graph, self._nodes)
         for node in graph.node:
             found = self._lstm_tvm_converter(node.domain, node.op_type)
             if found is None:
@@ -195,6 +197,22 @@ class LSTMGraphImporter(ONNXGraphImporter):
         return self.bb.normalize(cls.get_converter(version)(self.bb, inputs, attrs, ctx))
 
 
+def _check_order(graph, known) -> None:
+    """``ValueError`` naming the first node that reads a value no earlier node, graph input or
+    initializer defines (a cycle, or nodes out of order)."""
+    defined = set(known)
+    for node in graph.node:
+        missing = [name for name in node.input if name and name not in defined]
+        if missing:
+            producers = [node_label(n) for n in graph.node if missing[0] in n.output]
+            where = (f"written by {producers[0]}, which comes later (the graph has a cycle or is "
+                     f"not topologically sorted)" if producers else
+                     "which no node, graph input or initializer defines")
+            raise ValueError(f"{node_label(node)}: input {missing[0]!r} is read before it is "
+                             f"defined: {where}")
+        defined.update(name for name in node.output if name)
+
+
 def _shape_known(expr) -> bool:
     ty = getattr(expr, "ty", None)
     if isinstance(ty, relax.TensorType):
@@ -236,7 +254,7 @@ def _opset_versions(model: onnx.ModelProto) -> tuple[int, int]:
 def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
               dtype_dict: str | dict | None = None, target=None, *, opset: int | None = None,
               keep_params_in_input: bool = False, sanitize_input_names: bool = True,
-              tuned: bool = True) -> tvm.IRModule:
+              tuned: bool = True, check_model: bool = True) -> tvm.IRModule:
     """Import an ONNX model into a Relax ``IRModule``; ``LSTM`` nodes and lstm_tvm's
     custom-domain nodes become ``call_tir`` of lstm_tvm's kernels, every other node goes
     through TVM's ``tvm.relax.frontend.onnx`` converters.
@@ -266,6 +284,12 @@ def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
         Make graph input names valid Relax identifiers.
     tuned : bool
         Apply this target's tuning records to the kernels (see ``lstm-tvm tune``).
+    check_model : bool
+        Refuse a model that breaks lstm_tvm's contract (:func:`lstm_tvm.onnx.check_model`:
+        onnx's checker with the ops' schemas, attribute values, input types): outputs written
+        twice, repeated or unknown attributes, missing outputs, unsorted nodes, mixed float
+        types. TVM's own ``from_onnx`` only warns; ``False`` imports such a model as far as
+        the converters can (unsorted nodes are still refused).
 
     Raises
     ------
@@ -275,18 +299,21 @@ def from_onnx(model: onnx.ModelProto, shape_dict: dict | None = None,
         ``LSTM`` or custom-op attributes the kernels cannot compute (every refusal listed,
         naming the node, attribute and value).
     ValueError, TypeError
-        Shapes or dtypes the kernels cannot take (non-static ``I``/``H``, float64, ...), a
-        constant ``seq_len_max`` outside ``[0, T]``, or a model importing ``org.lstm_tvm`` at
-        a version other than :data:`~lstm_tvm.onnx.DOMAIN_VERSION`.
+        A model onnx's checker rejects (``check_model``) or whose nodes are not in
+        topological order; shapes or dtypes the kernels cannot take (non-static ``I``/``H``,
+        float64, ...), a constant ``seq_len_max`` outside ``[0, T]``, or a model importing
+        ``org.lstm_tvm`` at a version other than :data:`~lstm_tvm.onnx.DOMAIN_VERSION`.
     """
     if not isinstance(model, onnx.ModelProto):
         raise TypeError(f"model: expected an onnx.ModelProto, got {type(model).__name__}")
     if model.ir_version < 3:
         raise ValueError(f"model: IR version {model.ir_version} is not supported (>= 3)")
-    try:
-        onnx.checker.check_model(model)
-    except Exception as err:  # noqa: BLE001 - TVM's importer only warns as well
-        warnings.warn(f"onnx.checker: {err}", stacklevel=2)
+    if check_model:
+        try:
+            contract.check_model(model)
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"{err} (from_onnx(..., check_model=False) imports it "
+                            f"anyway)") from None
     standard, custom = _opset_versions(model)
     if opset is not None and opset < standard:
         warnings.warn(f"opset {opset} overrides the model's ai.onnx opset {standard}",
