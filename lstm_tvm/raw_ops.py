@@ -312,8 +312,8 @@ for _op in OPS.values():
 
 
 def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm", device=None):
-    """The matmul part of a cell's gradient, as TF's Python gradient of ``LSTMBlockCell``: the
-    registry helper ``CellGradMatmul`` run like the ops.
+    """The matmul part of a cell's gradient, as TF 1's Python gradient of ``LSTMBlockCell`` (TF 2
+    registers none): the registry helper ``CellGradMatmul`` run like the ops.
 
     ``xh_grad = dicfo @ w^T`` gives ``x_grad`` (`(B, I)`) and ``h_prev_grad`` (`(B, H)`);
     ``w_grad = [x, h_prev]^T @ dicfo`` (`(I+H, 4H)`); ``b_grad = sum_b dicfo`` (`(4H,)`).

@@ -7,8 +7,8 @@ every pairing), dtypes (mixed, integer, float64, bool, complex), ``seq_len_max``
 unexpected names, non-arrays, sizes past ``2**31`` elements, bad ``compile()`` arguments (and
 valid NumPy integer sizes) and ``out=`` tensors; on the ``raw_ops`` path also valid odd layouts
 (Fortran order, strides, negative strides, big-endian, read-only, broadcast views, TVM tensors).
-An oracle written here from the README's rules (not from ``validation.py``) says whether the
-case is valid. Valid cases must match the float64 reference; invalid ones must raise
+An oracle written here from the documented rules (docs/guide/semantics.md, Validation; not
+from ``validation.py``) says whether the case is valid. Valid cases must match the float64 reference; invalid ones must raise
 ``ValueError`` or ``TypeError`` whose message starts with ``"<Op>: "`` and names an input,
 attribute or argument the case touched.
 
@@ -403,7 +403,7 @@ def _int_scalar(value):
 
 
 def expected_valid(case: Case, built: Built) -> bool:
-    """The oracle, from the README's rules: does this call have to succeed?"""
+    """The oracle, from the documented rules: does this call have to succeed?"""
     op = OPS[case.op]
     inputs, attrs = built.inputs, built.attrs
     if set(inputs) != set(op.input_names) or not set(attrs) <= set(op.attr_names):

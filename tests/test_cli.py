@@ -1,4 +1,5 @@
-"""Tests for the ``lstm-tvm`` command line (lstm_tvm.cli) and the README's generated op table."""
+"""Tests for the ``lstm-tvm`` command line (lstm_tvm.cli) and the documentation's generated op
+table."""
 
 from __future__ import annotations
 
@@ -87,13 +88,14 @@ def test_ops_markdown_is_op_table_markdown():
     assert table_ops == list(OPS)
 
 
-def test_readme_op_table_is_generated():
-    readme = (ROOT / "README.md").read_text()
+def test_docs_op_table_is_generated():
+    page = (ROOT / "docs" / "guide" / "semantics.md").read_text()
     begin, end = "<!-- op-table:begin -->", "<!-- op-table:end -->"
-    assert readme.count(begin) == 1 and readme.count(end) == 1
-    section = readme.split(begin, 1)[1].split(end, 1)[0]
+    assert page.count(begin) == 1 and page.count(end) == 1
+    section = page.split(begin, 1)[1].split(end, 1)[0]
     assert section.strip() == op_table_markdown(), (
-        "README op table is stale: paste `lstm-tvm ops --markdown` between the markers")
+        "docs/guide/semantics.md op table is stale: paste `lstm-tvm ops --markdown` between "
+        "the markers")
 
 
 def test_cache_info_and_clear(cache_dir):
@@ -125,7 +127,7 @@ def _cuda_gpu_present() -> bool:
 @pytest.mark.skipif(_cuda_gpu_present(), reason="a CUDA GPU is present, so `build --target cuda` "
                     "runs and verifies the cases (see `pytest -m gpu tests/test_cuda.py`)")
 def test_build_cuda_without_gpu_compiles_and_skips_the_run(tmp_path):
-    """README (CUDA): without a GPU an op still builds but cannot run. `build` compiles each case,
+    """docs/guide/cuda.md: without a GPU an op still builds but cannot run. `build` compiles each case,
     reports its run as skipped (no CUDA device) rather than a FAIL carrying TVM's InternalError,
     and exits 0, since no case failed."""
     report = tmp_path / "results.json"

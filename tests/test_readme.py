@@ -1,80 +1,150 @@
-"""The README's Python examples run as written and compute what the reference computes.
+"""Every Python example of README.md runs as written, in order, and computes what the reference
+computes.
 
-Each example is taken from README.md by a line it holds, run in a fresh namespace in a temporary
-working folder, and its results compared with the float64 reference under the tolerance of
-their dtype.
+Each ```python block runs in a fresh namespace, in one temporary working folder shared by the
+blocks in README order (a block may read a file an earlier block wrote, e.g. ``step.onnx``).
+Where a truth exists, the block's results are compared with the float64 reference under the
+tolerance of their dtype (:data:`CHECKS`); the quick start and the ONNX example check
+themselves. A block skips only when an optional dependency is missing (the ``convert`` extra,
+the native route's compiler or headers).
 """
 
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from lstm_tvm import reference, registry, testing
+from lstm_tvm import reference, testing
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+#: Optional modules: a block importing a missing one skips.
+OPTIONAL = ("tensorflow", "tf2onnx", "onnxruntime", "onnxruntime_extensions")
 
 
-def _example(marker: str) -> str:
-    """The README's ```python block holding ``marker``."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
-    (block,) = [b for b in blocks if marker in b]
-    return block
+def _id(block: str) -> str:
+    first = next(line for line in block.splitlines() if line and not line.startswith(("import",
+                                                                                       "from")))
+    return re.sub(r"\W+", "_", first)[:40]
 
 
-def _run(marker: str, folder: Path, monkeypatch) -> dict:
+
+def _check_raw_ops(ns):
+    inputs, fwd = ns["inputs"], ns["fwd"]
+    ref_fwd = reference.run("BlockLSTM", inputs, {})
+    testing.assert_close(fwd.h, ref_fwd["h"], "float32", "h")
+    ref = reference.run("BlockLSTMGrad", {**inputs, **ref_fwd, "cs_grad": np.zeros_like(fwd.cs),
+                                          "h_grad": np.ones_like(fwd.h)},
+                        {"use_peephole": False})
+    testing.assert_close(ns["grads"].w_grad, ref["w_grad"], "float32", "w_grad")
+
+
+def _check_compile(ns):
+    ref = reference.run("BlockLSTMV2", ns["inputs"], {"use_peephole": True})
+    testing.assert_close(ns["out"].h.numpy(), ref["h"], "float32", "h")
+
+
+def _check_export(ns):
+    ref = reference.run("BlockLSTMV2", ns["inputs"], {"use_peephole": True})
+    testing.assert_close(ns["out"].h.numpy(), ref["h"], "float32", "h")
+
+
+def _check_native(ns):
+    ref = reference.run("BlockLSTMV2", ns["feeds"], {"use_peephole": True})
+    testing.assert_close(ns["h"], ref["h"], "float16", "h")
+
+
+def _check_relax(ns):
+    ref = reference.run("BlockLSTMV2", ns["inputs"], {"use_peephole": True})
+    testing.assert_close(ns["outputs"][6].numpy(), ref["h"], "float32", "h")
+
+
+def _check_autodiff(ns):
+    inputs, outputs = ns["inputs"], ns["outputs"]
+    fwd = reference.run("BlockLSTM", inputs, {})
+    ref = reference.run("BlockLSTMGrad", {**inputs, **fwd, "cs_grad": np.zeros_like(outputs.cs),
+                                          "h_grad": np.ones_like(outputs.h)},
+                        {"use_peephole": False})
+    testing.assert_close(ns["grads"]["w"], ref["w_grad"], "float32", "w_grad")
+    testing.assert_close(ns["grads"]["x"], ref["x_grad"], "float32", "x_grad")
+
+
+#: A line of the block -> the check of its results.
+CHECKS = {
+    "fwd = raw_ops.BlockLSTM(**inputs)": _check_raw_ops,
+    "bound = op.bind(": _check_compile,
+    'ops = lstm_tvm.export.load("lstm_export")': _check_export,
+    "session = native.InferenceSession(": _check_native,
+    "mod = lstm_tvm.relax.from_onnx(model)": _check_relax,
+    "autodiff.vjp(": _check_autodiff,
+}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """The working folder all blocks share, in README order."""
+    return tmp_path_factory.mktemp("readme")
+
+
+def test_every_block_is_checked_or_checks_itself():
+    """No block goes unchecked: each has a check here or asserts its own result."""
+    for block in BLOCKS:
+        checked = any(marker in block for marker in CHECKS)
+        asserts = "assert_close(" in block
+        reads_earlier_file = "onnx.load(" in block or "output_path=" in block
+        assert checked or asserts or reads_earlier_file, block[:200]
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)), ids=[_id(b) for b in BLOCKS])
+def test_readme_block(index, folder, monkeypatch):
+    block = BLOCKS[index]
+    for module in OPTIONAL:
+        if re.search(rf"^\s*(import|from) {module}\b", block, re.M):
+            pytest.importorskip(module)
+    if "native." in block:
+        from lstm_tvm.onnx import native
+
+        try:
+            native.ort_include_dir()
+        except FileNotFoundError as err:  # no npm, or it could not fetch the headers
+            pytest.skip(f"cannot build the native custom-op library: {err}")
+    if 'onnx.load("step.onnx")' in block and not (folder / "step.onnx").exists():
+        pytest.skip("needs step.onnx from the TF-graph example (the convert extra)")
     monkeypatch.chdir(folder)
     namespace: dict = {}
-    exec(compile(_example(marker), f"README.md example ({marker})", "exec"), namespace)
-    return namespace
+    exec(compile(block, f"README.md python block {index + 1}", "exec"), namespace)
+    for marker, check in CHECKS.items():
+        if marker in block:
+            check(namespace)
 
 
-def _inputs_of(op_name: str, values: dict) -> dict:
-    return {name: values[name] for name in registry.get_op(op_name).input_names}
-
-
-def test_relax_example(tmp_path, monkeypatch):
-    ns = _run("lstm_tvm.relax.from_onnx(model)", tmp_path, monkeypatch)
-    ref = reference.run("BlockLSTMV2", ns["inputs"], {"use_peephole": True})
-    testing.assert_close(ns["h"], ref["h"], "float32", "h")
-
-
-def test_native_onnx_runtime_example(tmp_path, monkeypatch):
-    pytest.importorskip("onnxruntime")
-    from lstm_tvm.onnx import native
-
-    try:
-        native.ort_include_dir()
-    except FileNotFoundError as err:  # no npm, or it could not fetch the headers
-        pytest.skip(f"cannot build the native custom-op library: {err}")
-    ns = _run("native.session_options(", tmp_path, monkeypatch)
-    feeds, results = ns["feeds"], ns["results"]
-    attrs = {"use_peephole": True}
-    fwd = reference.run("BlockLSTMV2", _inputs_of("BlockLSTMV2", feeds), attrs)
-    bwd = reference.run("BlockLSTMGradV2", _inputs_of("BlockLSTMGradV2", {**feeds, **fwd}), attrs)
-    for name, want in [("h", fwd["h"]), ("cs", fwd["cs"]), ("x_grad", bwd["x_grad"]),
-                       ("w_grad", bwd["w_grad"])]:
-        testing.assert_close(results[name], want, "float16", name)
-
-
-def test_dynamic_training_step_imports_into_relax(tmp_path, monkeypatch, tf):
-    """The converted training step (written to step.onnx) imports with shared ``T``, ``B``,
-    compiles and runs; its loss against the same tf.function run by TF."""
+def test_converted_training_step_runs_in_relax(folder, monkeypatch, tf):
+    """The README's converted training step (step.onnx, imported with shared T, B) compiles
+    and runs; its loss against the same step run by TF."""
     pytest.importorskip("tf2onnx")
-    import numpy as np
+    import onnx
     import tvm
-    from tvm import relax
+    from tvm import relax, tirx
 
-    step = _run('output_path="step.onnx"', tmp_path, monkeypatch)["step"]
-    ns = _run("shape_dict={", tmp_path, monkeypatch)
-    vm = relax.VirtualMachine(tvm.compile(ns["mod"], "llvm"), tvm.cpu())
+    import lstm_tvm.relax
+
+    (convert_block,) = [b for b in BLOCKS if 'output_path="step.onnx"' in b]
+    monkeypatch.chdir(folder)
+    ns: dict = {}
+    exec(compile(convert_block, "README.md (convert)", "exec"), ns)
+    steps, batch = tirx.Var("T", "int64"), tirx.Var("B", "int64")
+    model = onnx.load(folder / "step.onnx")
+    mod = lstm_tvm.relax.from_onnx(model, shape_dict={
+        "x": [steps, batch, 32], "cs_prev": [batch, 64], "h_prev": [batch, 64],
+        "target": [steps, batch, 64]})
+    vm = relax.VirtualMachine(tvm.compile(mod, "llvm"), tvm.cpu())
     inputs = testing.make_inputs("BlockLSTMV2", T=3, B=2, I=32, H=64)
     inputs["target"] = np.random.default_rng(0).standard_normal((3, 2, 64)).astype(np.float32)
-    names = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b", "target")
+    names = [v.name for v in model.graph.input]
     results = vm["main"](*[tvm.runtime.tensor(inputs[n]) for n in names])
-    order = [o.name for o in ns["onnx"].load(tmp_path / "step.onnx").graph.output]
-    got = dict(zip(order, results))["loss"].numpy()
-    want = step(**{n: inputs[n] for n in names})["loss"].numpy()
+    got = dict(zip([o.name for o in model.graph.output], results))["loss"].numpy()
+    want = ns["step"](**{n: inputs[n] for n in names})["loss"].numpy()
     tol = tuple(a + b for a, b in zip(testing.tolerance("float32"),
                                       testing.tf_tolerance("float32")))
     testing.assert_close(got, want, "float32", "loss", tol=tol)

@@ -4,7 +4,8 @@
 //
 // EXPORT_DIR is what `lstm-tvm export -o EXPORT_DIR` wrote (manifest.json + lstm_tvm_ops.so).
 // Every input of OP is read from IN_DIR/<name>.bin and every output is written to
-// OUT_DIR/<name>.bin, in the tensor-file format of lstm_tvm.export.save_tensor:
+// OUT_DIR/<name>.bin (OUT_DIR is created), in the tensor-file format of
+// lstm_tvm.export.save_tensor (write IN_DIR with it from Python):
 //
 //   char magic[4] = "LTVT"; uint8 dtype code (DLPack: 0 int, 1 uint, 2 float); uint8 bits;
 //   uint16 lanes (1); uint32 ndim; uint32 reserved (0); int64 shape[ndim];
@@ -40,6 +41,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -358,6 +360,7 @@ int main(int argc, char** argv) {
       std::cerr << o.op_name << (o.prepacked ? " (prepacked)" : "") << ": " << o.repeat
                 << " calls, median " << median * 1e6 << " us\n";
     }
+    std::filesystem::create_directories(o.out_dir);
     for (size_t k = 0; k < params.size(); ++k) {
       JsonObject p = params[k].cast<JsonObject>();
       if (Str(p.at("role")) != "output") continue;

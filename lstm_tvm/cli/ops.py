@@ -1,4 +1,4 @@
-"""``lstm-tvm ops``: the op table of the registry (text, or the README's Markdown)."""
+"""``lstm-tvm ops``: the op table of the registry (text, or the Markdown of docs/guide/semantics.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _attr_text(op) -> str:
 
 
 def op_table_markdown() -> str:
-    """The op table of :data:`lstm_tvm.registry.OPS` as Markdown (pasted into the README)."""
+    """The op table of :data:`lstm_tvm.registry.OPS` as Markdown (pasted into docs/guide/semantics.md)."""
     head = ("op", "kind", "direction", "gate layout", "inputs", "outputs",
             "attributes (TF defaults)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -48,7 +48,7 @@ def _op_table_text() -> str:
 
 
 @click.command("ops")
-@click.option("--markdown", is_flag=True, help="Print the Markdown table used in the README.")
+@click.option("--markdown", is_flag=True, help="Print the Markdown table of the documentation (docs/guide/semantics.md).")
 def command(markdown):
     """Print the op table from the registry: kind, direction, gate layout, inputs, outputs,
     attributes with TF's defaults."""

@@ -181,7 +181,7 @@ Python (apache-tvm 0.27 and lstm_tvm installed; nothing is compiled):
 Raw TVM: tvm.runtime.load_module("THIS_FOLDER/{library}")[function](*inputs, *outputs)
 
 C++ (libtvm_ffi.so and libtvm_runtime.so, no Python): examples/cpp/ in the lstm_tvm repository
-(README, "Deployment"). Its build line for an installation:
+(docs/guide/deployment.md). Its build line for an installation:
     python -c "import lstm_tvm.export as e; print(*e.cxx_build_command('SOURCE.cc', 'run'))"
 and: ./run THIS_FOLDER IN_DIR OUT_DIR [OP]   (tensor files: lstm_tvm.export.save_tensor)
 

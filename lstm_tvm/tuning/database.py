@@ -84,7 +84,7 @@ def compatible(target, other) -> bool:
     ``llvm`` CPUs of one :func:`isa_class` (the traces only split and order loops, so any
     record is correct anywhere; this decides where it pays). x86 CPUs of another vendor are
     not compatible: on an AMD Zen 4 the records of an Intel Rocket Lake were 0.83-1.0x as fast
-    as the rule-based schedules in most benchmark cases (README, Tuning records)."""
+    as the rule-based schedules in most benchmark cases (docs/guide/tuning.md, Tuning records)."""
     if str(target.kind.name) != "llvm" or str(other.kind.name) != "llvm":
         return False
     return isa_class(target) == isa_class(other)
