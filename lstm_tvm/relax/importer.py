@@ -25,6 +25,7 @@ from .custom_ops import CUSTOM_CONVERTERS
 from .kernel_calls import KernelTable
 from .onnx_lstm import LSTM
 from .shape_values import ShapeValues
+from .shapes import static_dim
 
 __all__ = ["LSTMGraphImporter", "from_onnx"]
 
@@ -225,14 +226,14 @@ def _shape_known(expr) -> bool:
 def _shape_static(expr) -> bool:
     ty = getattr(expr, "ty", None)
     return not isinstance(ty, relax.TensorType) or isinstance(ty.shape, relax.ShapeExpr) and \
-        all(isinstance(d, tvm.tirx.IntImm) for d in ty.shape.values)
+        all(static_dim(d) is not None for d in ty.shape.values)
 
 
 def _shape_text(expr) -> str:
     """``(unk__1, 6)``, or ``(?, ?)`` where Relax knows only the rank."""
     ty = getattr(expr, "ty", None)
     if isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr):
-        return "(" + ", ".join(str(d.value) if isinstance(d, tvm.tirx.IntImm) else str(d)
+        return "(" + ", ".join(str(d) if static_dim(d) is None else str(static_dim(d))
                                for d in ty.shape.values) + ")"
     if isinstance(ty, relax.TensorType) and ty.ndim >= 0:
         return "(" + ", ".join("?" * ty.ndim) + ")"

@@ -141,8 +141,9 @@ class ShapeValues:
         known and static becomes a constant; a ``Tile`` whose repeats are known but symbolic
         (TVM's dynamic ``Tile`` forgets its output's dims, and ops on them then fail to lower)
         becomes a broadcast of the data with a unit axis before each of its axes."""
-        if value is not None and value.constant() is not None:
-            return value.constant()
+        constant = value.constant() if value is not None else None
+        if constant is not None:
+            return constant
         if node.op_type != "Tile" or len(node.input) != 2:
             return None
         repeats = self.get(node.input[1], nodes)
