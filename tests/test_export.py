@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -417,7 +418,14 @@ def test_cli_export_float16(tmp_path):
                                        "--use-peephole", "--cell-clip", "2.5", "--no-onnx",
                                        "-o", str(tmp_path / "f16")])
     assert result.exit_code == 0, result.output
-    assert "lstm_tvm_LSTMBlockCell_float16" in result.output
+    assert "lstm_tvm_LSTMBlockCell_float16" in result.stdout
+    # stderr is not a terminal here: a line per step, in order, none of tqdm's redrawn bar
+    progress = [line for line in result.stderr.splitlines() if line.startswith("export: ")]
+    assert progress[:2] == ["export: scheduling LSTMBlockCell (1/4)",
+                            "export: scheduling LSTMBlockCell prepacked (2/4)"], result.stderr
+    assert len(progress) == 3 and re.fullmatch(r"export: compiling \d+ functions \(3/4\)",
+                                               progress[2]), result.stderr
+    assert "\r" not in result.stderr
     lib = lte.load(tmp_path / "f16")
     assert list(lib) == ["LSTMBlockCell"] and lib.manifest["dtype"] == "float16"
     assert not (tmp_path / "f16" / "onnx").exists()

@@ -6,6 +6,7 @@ result is checked against TF (defined elements) and the float64 reference, float
 Errors of this route are exercised in tests/test_onnx_ort_errors.py.
 """
 
+import ctypes
 import json
 import os
 import subprocess
@@ -43,6 +44,18 @@ def library():
         return native.build_library()
     except FileNotFoundError as err:  # no g++, no npm, or npm could not fetch the headers
         pytest.skip(f"cannot build the native custom-op library: {err}")
+
+
+def test_a_build_says_what_it_builds(library, tmp_path, capfd):
+    """A compiler run the caller waits on is announced on stderr (the first native session
+    otherwise looks hung), and its result is a loadable shared library."""
+    source = tmp_path / "probe.cc"
+    source.write_text('extern "C" __attribute__((visibility("default"))) int lstm_tvm_probe() '
+                      '{ return 7; }\n')
+    built = native.build_library(tmp_path / "probe.so", source=source)
+    err = capfd.readouterr().err
+    assert f"lstm_tvm: building the ONNX Runtime custom-op library {built} with" in err
+    assert ctypes.CDLL(str(built)).lstm_tvm_probe() == 7
 
 
 @pytest.fixture(scope="module")

@@ -192,7 +192,8 @@ def test_pyop_route_never_aborts():
     assert seen["plain_nonzero_grads"] == [] and seen["plain_forward_ok"]
     assert seen["plain_last_error"].startswith("ValueError") and \
         "h_grad" in seen["plain_last_error"]
-    assert "lstm_tvm PyOp BlockLSTMGradV2 failed (outputs are zeros): ValueError" in proc.stderr
+    assert proc.stderr.count("lstm_tvm PyOp BlockLSTMGradV2 failed (outputs are zeros): "
+                             "ValueError") == 1, proc.stderr[-3000:]  # the plain run's only
     # the wrapper raises the PyOp's own error, naming the input
     assert seen["wrapper_bad_shape"].startswith("ValueError") and "h_grad" in \
         seen["wrapper_bad_shape"]

@@ -27,9 +27,12 @@ __all__ = ["command"]
 @click.option("--prepacked/--no-prepacked", default=True, show_default=True,
               help="Also compile the kernels that take w packed once (ONNX "
                    "Runtime's native route uses them where w is an initializer).")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="Report each step on stderr (a bar on a terminal, a line per step "
+                   "elsewhere).")
 @click.option("-o", "--output", required=True,
               type=click.Path(file_okay=False, path_type=Path), help="The folder to write.")
-def command(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **opts):
+def command(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, progress, **opts):
     """Compile ops into one shared library for deployment, with manifest.json, ONNX models
     (onnx/<Op>.onnx) and a README.txt; load it with lstm_tvm.export.load(DIR) or from C++
     (examples/cpp). T and B stay dynamic; I, H, dtype and attributes are fixed."""
@@ -41,7 +44,7 @@ def command(ops_, output, no_onnx, use_peephole, forget_bias, cell_clip, **opts)
                   if v is not None})
     try:
         manifest = export(output, split_choices(ops_, OPS, "--ops"), attrs=attrs,
-                          onnx=not no_onnx, **opts)
+                          onnx=not no_onnx, progress=progress, **opts)
     except (TypeError, ValueError, CrossCompilerMissing) as err:
         raise click.ClickException(str(err)) from None
     click.echo(f"{output / manifest['library']}: {manifest['dtype']}, I={opts['input_size']}, "

@@ -6,12 +6,12 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import build as _build
 from .._files import atomic_path
+from .._progress import steps
 from .._tvm import resolve_target, tvm
 from ..cross_compile import export_options
 from ..registry import DTYPES, OPS
@@ -56,18 +56,16 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
     prepacked : bool
         Also compile the prepacked kernels (see above; CPU targets).
     progress : bool, optional
-        Show a progress bar on stderr; default: only when stderr is a terminal.
+        Show progress on stderr (:func:`lstm_tvm._progress.steps`): None (the default) a bar
+        only when stderr is a terminal, True also a line per step elsewhere, False nothing.
     """
-    from tqdm import tqdm
-
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
     link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
     variants = [spec.with_prepacked_weights() for spec in specs] if prepacked else []
     packed = {spec.op: spec for spec in variants if spec.prepacked}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(specs) + len(packed) + 2 + bool(onnx), desc="export", unit="step",
-               file=sys.stderr, disable=None if progress is None else not progress, leave=False)
+    bar = steps(len(specs) + len(packed) + 2 + bool(onnx), "export", progress)
     with bar:
         funcs = {}
         for spec in [*specs, *packed.values()]:

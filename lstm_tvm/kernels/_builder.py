@@ -255,8 +255,8 @@ def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
     whose every iteration refills it. With a constant row count the copy walks panel by panel
     (block ``(cols / PANEL, rows, PANEL)``), its parallel loop over whole panels: each thread
     writes panels of its own, contiguously, which a GEMM whose tiles split the columns the
-    same way then finds in that core's cache (a sequence forward's recurrent weights: T=100,
-    B=1, I=H=256 on a Zen 5, 0.625 -> 0.564 ms, docs/performance.md).
+    same way then finds in that core's cache (it speeds up a sequence forward's recurrent
+    weights at B=1: docs/performance.md, "Earlier figures moved here from code comments").
 
     ``transpose``: ``value`` reads contiguous memory along ``r``, not ``c`` (the panels of a
     transposed matrix). The block then walks tiles of :data:`TRANSPOSE_TILE` rows of one

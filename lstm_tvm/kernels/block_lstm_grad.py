@@ -36,9 +36,9 @@ W_GRAD_PACKED_BYTES = 3 * 2**20 // 2
 #: From this many columns ``I+H`` CPU builds pack the weight gradient's rows transposed (a
 #: column per row of the sequence): packed a row per row of the sequence, consecutive steps of
 #: the GEMM's reduction read its left operand ``4*(I+H)`` bytes apart, a page or more every few
-#: steps (1024x2048x128: 92 GFLOP/s against 208 transposed with AVX2, 356 against 443 with
-#: AVX-512); narrower, the transposing pack costs more than the GEMM gains
-#: (docs/performance.md). GPU builds keep a row per row of the sequence.
+#: steps (slower than the transposed pack with AVX2 and AVX-512 alike); narrower, the
+#: transposing pack costs more than the GEMM gains (docs/performance.md, "Earlier figures
+#: moved here from code comments"). GPU builds keep a row per row of the sequence.
 W_GRAD_TRANSPOSED_FROM = 512
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from .. import env
 from .._files import atomic_path
+from .._progress import notice
 from ._threads import sleep_when_idle
 from .domain import DOMAIN
 
@@ -129,6 +130,8 @@ def ort_include_dir(*, fetch: bool = True) -> Path:
             f"{'fetching is off' if not fetch else 'no npm on PATH'}; set "
             f"LSTM_TVM_ORT_INCLUDE_DIR to a folder holding onnxruntime_c_api.h")
     folder.parent.mkdir(parents=True, exist_ok=True)
+    notice(f"fetching ONNX Runtime's C API headers (npm pack {ORT_HEADERS_NPM}, once) into "
+           f"{folder}")
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
         proc = subprocess.run([npm, "pack", "--silent", "--prefer-offline", ORT_HEADERS_NPM], cwd=tmp,
                               capture_output=True, text=True, timeout=600, check=False)
@@ -166,7 +169,8 @@ def build_library(output=None, *, source=SOURCE) -> Path:
     source, reused when it exists. The file is written atomically.
     """
     source = Path(source)
-    if output is None:
+    cached = output is None
+    if cached:
         probe = build_command("OUT", source=source)
         key = hashlib.sha256("\0".join(probe).encode() + source.read_bytes()).hexdigest()[:16]
         output = env.cache_dir() / "ort_native" / key / "liblstm_tvm_ort.so"
@@ -176,6 +180,8 @@ def build_library(output=None, *, source=SOURCE) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(output) as tmp:
         cmd = build_command(tmp, source=source)
+        notice(f"building the ONNX Runtime custom-op library {output} with "
+               f"{Path(cmd[0]).name}{' (once: the cache keeps it)' if cached else ''}")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"build_library: {' '.join(cmd)}\n{proc.stderr[-4000:]}")

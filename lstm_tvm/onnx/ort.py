@@ -23,8 +23,8 @@ Safety of the PyOp route (onnxruntime-extensions 0.15.2, measured):
 - A Python exception escaping a PyOp aborts the process. So the PyOps never raise: a failing
   call (e.g. an input of the wrong shape) is logged, remembered (:func:`last_error`), returns
   zeros and sets ``terminate`` on the ``RunOptions`` of the :class:`InferenceSession` run in
-  progress, which then raises the original ``ValueError``/``TypeError``. In a plain
-  ``onnxruntime`` session the failing node's outputs are zeros and only the log tells.
+  progress, which then raises the original ``ValueError``/``TypeError`` (and logs nothing). In
+  a plain ``onnxruntime`` session the failing node's outputs are zeros and only the log tells.
 - Every declared attribute must be on the node: :func:`~.models.make_node` writes TF's
   defaults; :func:`prepare_model` adds missing ones to nodes built elsewhere.
 
@@ -111,13 +111,17 @@ def _current_run() -> dict | None:
 
 
 def _fail(op: OpSpec, exc: BaseException, arrays):
+    """Zeros for a failed call; the error is raised by the :class:`InferenceSession` run in
+    progress, or, in a plain onnxruntime session that cannot raise it, logged."""
     _LAST_ERROR[0] = exc
-    log.error("lstm_tvm PyOp %s failed (outputs are zeros): %s: %s", op.name,
-              type(exc).__name__, exc)
     run = _current_run()
     if run is not None:
         run["error"] = exc
         run["options"].terminate = True  # onnxruntime stops before the next node
+        log.debug("lstm_tvm PyOp %s failed, raised by the run: %s", op.name, exc)
+    else:
+        log.error("lstm_tvm PyOp %s failed (outputs are zeros): %s: %s", op.name,
+                  type(exc).__name__, exc)
     return _fallback_outputs(op, arrays)
 
 

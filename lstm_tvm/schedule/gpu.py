@@ -87,8 +87,8 @@ def default_gpu_tile(m_extent, n_extent, k_extent, in_step: bool = False) -> Gpu
     ``bk <= 16``); shared-memory staging when the slab has at least :data:`MIN_STAGED_SLAB`
     steps. ``in_step`` (a GEMM inside a time step, whose rows are the batch): one output per
     thread (``tm = tn = 1``) for the most blocks and warps, since at deployment batch sizes
-    a step's GEMM has few rows (docs/performance.md: on an H100 at T=100, I=H=256, B=1 the
-    forward took 0.89 ms with it, 1.79 ms with 4x4 outputs per thread)."""
+    a step's GEMM has few rows (at B=1 it halves the forward's time on an H100 against 4x4
+    outputs per thread: docs/performance.md, "Earlier figures moved here from code comments")."""
     tm = 1 if in_step else _first_divisor((4, 2, 1), m_extent)
     ty = _first_divisor((8, 4, 2, 1), m_extent, tm)
     tn = 1 if in_step else _first_divisor((4, 2, 1), n_extent)

@@ -55,10 +55,10 @@ class CpuTraits:
         """Rows of a float32 GEMM register tile two vectors wide beyond what
         :attr:`accumulators` allow, or 0. With AVX2's 16 registers: 6 (6x16, 12 accumulator
         registers, two for the right operand's row and one for a broadcast), against 4x16's 8,
-        which leave the FMA latency exposed (Haswell keeps 10 in flight; on a Zen 5 a step's
-        GEMM of 24 or 30 rows x 1024 x 256 ran at 244-255 GFLOP/s, 4x16 at 32 rows 216-218, the
-        AVX2 FMA peak being 257-263; docs/performance.md). AVX-512 gained nothing from taller
-        tiles, others are not measured: 0."""
+        which leave the FMA latency exposed (Haswell keeps 10 in flight; measured close to the
+        AVX2 FMA peak with 6 rows, well below it with 4: docs/performance.md, "Earlier
+        figures moved here from code comments"). AVX-512 gained nothing from taller tiles, others are not
+        measured: 0."""
         x86_avx = self.arch == "x86_64" and self.vector_bits == 256
         return (self.vector_registers - 3) // 2 if x86_avx else 0
 

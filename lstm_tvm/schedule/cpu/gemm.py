@@ -70,8 +70,8 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     row-major ``(K, N)`` matrix, ``"nk"`` its transpose). ``"kn"``: a tile
     of few rows then widens to fill the accumulators (AVX-512: 1x256, 4x64): each reduction
     step reads a longer run of a row, where a narrow tile walks the matrix a few cache lines
-    per row, a page apart (``LSTMBlockCell``'s product at B=1, 1x1024x512 on a Zen 5: 41.7 us
-    at 1x64, 13.7 at 1x256; 4 rows: 33.5 at 4x32, 19.3 at 4x64; docs/performance.md).
+    per row, a page apart (``LSTMBlockCell``'s product at B=1 runs about three times faster
+    with the wide tile: docs/performance.md, "Earlier figures moved here from code comments").
 
     A GEMM with at least as many columns as reduction steps (``N >= K``: the forward's input
     product ``xw``, ``LSTMBlockCell``'s product with prepacked weights), its right operand in

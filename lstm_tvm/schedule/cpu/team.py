@@ -1,13 +1,13 @@
 """One thread-pool launch per sequence: the time loop runs on every thread of the pool.
 
 A time step's blocks each run a parallel loop, and each parallel loop is a launch of TVM's
-thread pool (a fork and a join, about 0.65 us on a 2-core x86). At small batches a step is a
-few microseconds of arithmetic, so the launches are a large share of it. With the time loop
+thread pool (a fork and a join). At small batches a step is a few microseconds of
+arithmetic, so the launches are a large share of it. With the time loop
 marked ``pragma_parallel_launch_point`` every thread runs the whole loop; each parallel loop
 inside gives each thread its static share of the iterations (the same share every step, so
 a thread's slice of the recurrent weights stays in its own cache), and
-``pragma_parallel_barrier_when_finish`` ends it with a barrier of the pool (about 0.2 us)
-instead of a join (docs/performance.md, "one launch per sequence").
+``pragma_parallel_barrier_when_finish`` ends it with a barrier of the pool, cheaper than a
+fork and a join (docs/performance.md, "one launch per sequence").
 
 Every thread runs whatever in the loop is not inside a parallel loop: the launch is only
 safe where each block of the step lies inside a parallel loop that starts directly under the
