@@ -13,7 +13,7 @@ and returns the loss's gradients with respect to every float input of the forwar
 - ``BlockLSTMV2`` is paired with ``BlockLSTMGradV2`` (gate layout IFCO). TensorFlow 2.21's
   ``tf.GradientTape`` pairs it with ``BlockLSTMGrad`` (ICFO) and so returns wrong gradients.
 - ``LSTMBlockCellGrad`` returns only the gate gradients ``dicfo``: the rest (``x``, ``h_prev``,
-  ``w``, ``b``) comes from :func:`lstm_tvm.cell_grad_matmul`, as in TF's Python gradient.
+  ``w``, ``b``) comes from :func:`lstm_tvm.cell_grad_matmul`, as in TF 1's Python gradient.
 - As in TF, the gradient is that of the unclipped cell: where ``cell_clip`` clipped ``cs`` in
   the forward pass, the clip is not differentiated.
 - At padded steps (``t >= seq_len_max``) the outputs do not depend on the inputs: the output
@@ -23,17 +23,69 @@ and returns the loss's gradients with respect to every float input of the forwar
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 import numpy as np
 
-from .raw_ops import _to_numpy, cell_grad_matmul, run
-from .registry import OPS, OpSpec
+from .raw_ops import _to_numpy, run
+from .registry import CELL_GRAD_MATMUL, HELPERS, OPS, OpSpec
 from .validation import expected_output_shapes, validate_attrs, validate_inputs
 
-__all__ = ["differentiable_outputs", "forward_ops", "gradients", "vjp"]
+__all__ = ["GradRoute", "differentiable_outputs", "forward_ops", "grad_route", "gradients",
+           "vjp"]
 
 _GRAD = "_grad"
+
+
+@dataclasses.dataclass(frozen=True)
+class GradRoute:
+    """How the gradient of one forward op is computed from kernels, for every caller that runs
+    them (:func:`gradients` here, the framework integrations).
+
+    ``sources``: for each input of ``grad`` in order, where it comes from: ``("input", n)`` the
+    forward op's input ``n``, ``("output", n)`` its output ``n``, ``("output_grad", n)`` the
+    loss's gradient with respect to output ``n`` (zeros where there is none).
+    ``from_grad``: ``{input: output of grad}`` for the float inputs whose gradient ``grad``
+    returns; ``from_matmul``: ``{input: output of matmul}`` for those the matmul part of the
+    cell's gradient returns (``matmul`` is ``CellGradMatmul``, its inputs ``matmul_sources``:
+    ``("input", n)`` or ``("grad", n)`` an output of ``grad``); both empty for the sequences.
+    """
+
+    forward: OpSpec
+    grad: OpSpec
+    sources: tuple[tuple[str, str], ...]
+    from_grad: dict
+    matmul: OpSpec | None
+    matmul_sources: tuple[tuple[str, str], ...]
+    from_matmul: dict
+
+    @property
+    def float_inputs(self) -> tuple[str, ...]:
+        """The forward op's float inputs: those that get a gradient, in input order."""
+        return tuple(t.name for t in self.forward.inputs if t.dtype == "T")
+
+
+def grad_route(op_name: str) -> GradRoute:
+    """The :class:`GradRoute` of forward op ``op_name`` (``ValueError`` for any other name)."""
+    fwd, grad = _pair(op_name)
+    differentiable = _output_grad_names(fwd, grad)
+    sources = tuple(("input", n) if n in fwd.input_names else ("output", n)
+                    if n in fwd.output_names else ("output_grad", n[: -len(_GRAD)])
+                    for n in grad.input_names)
+    assert all(kind != "output_grad" or n in differentiable for kind, n in sources)
+    floats = [t.name for t in fwd.inputs if t.dtype == "T"]
+    from_grad = {n: n + _GRAD for n in floats if n + _GRAD in grad.output_names}
+    rest = [n for n in floats if n not in from_grad]
+    matmul = HELPERS[CELL_GRAD_MATMUL] if rest else None
+    matmul_sources, from_matmul = (), {}
+    if matmul is not None:
+        matmul_sources = tuple(("input", n) if n in fwd.input_names else ("grad", n)
+                               for n in matmul.input_names)
+        assert all(kind == "input" or n in grad.output_names for kind, n in matmul_sources)
+        from_matmul = {n: n + _GRAD for n in rest}
+        assert set(from_matmul.values()) <= set(matmul.output_names)
+    return GradRoute(fwd, grad, sources, from_grad, matmul, matmul_sources, from_matmul)
 
 
 def forward_ops() -> tuple[str, ...]:
@@ -86,34 +138,27 @@ def gradients(op_name: str, inputs: Mapping, outputs, output_grads: Mapping,
     TypeError
         For missing or unknown names and wrong dtypes.
     """
-    fwd, grad = _pair(op_name)
+    route = grad_route(op_name)
+    fwd, grad = route.forward, route.grad
     arrays = _forward_inputs(fwd, inputs)
     sig = validate_inputs(fwd, arrays)
     full = validate_attrs(fwd, attrs if attrs is not None else {})
     if outputs is None:
         outputs = run(fwd.name, arrays, full, target=target, device=device)
-    acts = _forward_outputs(fwd, grad, outputs, sig)
-    out_grads = _output_grads(fwd, grad, output_grads, sig)
-
-    grad_inputs = {}
-    for name in grad.input_names:
-        if name in fwd.input_names:
-            grad_inputs[name] = arrays[name]
-        elif name in fwd.output_names:
-            grad_inputs[name] = acts[name]
-        else:
-            grad_inputs[name] = out_grads[name[: -len(_GRAD)]]
+    values = {"input": arrays, "output": _forward_outputs(fwd, grad, outputs, sig),
+              "output_grad": _output_grads(fwd, grad, output_grads, sig)}
+    grad_inputs = {name: values[kind][source]
+                   for name, (kind, source) in zip(grad.input_names, route.sources)}
     grad_attrs = {k: full[k] for k in grad.attr_names}
     result = run(grad.name, grad_inputs, grad_attrs, target=target, device=device)._asdict()
-
-    floats = [t.name for t in fwd.inputs if t.dtype == "T"]
-    found = {n: result[n + _GRAD] for n in floats if n + _GRAD in result}
-    rest = [n for n in floats if n not in found]
-    if rest:  # the cell: the matmul part of its gradient, from the gate gradients
-        mm = cell_grad_matmul(arrays["x"], arrays["h_prev"], arrays["w"], result["dicfo"],
-                              target=target, device=device)._asdict()
-        found.update({n: mm[n + _GRAD] for n in rest})
-    return {n: found[n] for n in floats}
+    found = {n: result[out] for n, out in route.from_grad.items()}
+    if route.matmul is not None:  # the cell: the matmul part of its gradient
+        values["grad"] = result
+        mm = run(route.matmul.name, {name: values[kind][source] for name, (kind, source)
+                                     in zip(route.matmul.input_names, route.matmul_sources)},
+                 target=target, device=device)._asdict()
+        found.update({n: mm[out] for n, out in route.from_matmul.items()})
+    return {n: found[n] for n in route.float_inputs}
 
 
 def vjp(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="llvm",

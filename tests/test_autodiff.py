@@ -101,26 +101,27 @@ def test_float16():
 
 
 def test_grad_op_comes_from_the_registry(monkeypatch):
-    """The grad op run is the forward op's ``pair``; the cell adds ``cell_grad_matmul``."""
+    """The grad op run is the forward op's ``pair``; the cell adds ``CellGradMatmul``, fed
+    with the grad op's ``dicfo`` (:func:`lstm_tvm.autodiff.grad_route`)."""
     calls = []
-    real_run, real_matmul = autodiff.run, autodiff.cell_grad_matmul
+    real_run = autodiff.run
 
     def run(op_name, *args, **kwargs):
         calls.append(op_name)
         return real_run(op_name, *args, **kwargs)
 
-    def cell_grad_matmul(*args, **kwargs):
-        calls.append("matmul")
-        return real_matmul(*args, **kwargs)
-
     monkeypatch.setattr(autodiff, "run", run)
-    monkeypatch.setattr(autodiff, "cell_grad_matmul", cell_grad_matmul)
     for op_name in autodiff.forward_ops():
         calls.clear()
         p, weights = _case(op_name)
         autodiff.gradients(op_name, p, None, weights, {"use_peephole": True})
         pair = registry.get_op(op_name).pair
-        assert calls == [op_name, pair] + (["matmul"] if op_name == "LSTMBlockCell" else [])
+        cell = op_name == "LSTMBlockCell"
+        assert calls == [op_name, pair] + ([registry.CELL_GRAD_MATMUL] if cell else [])
+        route = autodiff.grad_route(op_name)
+        assert route.grad.name == pair
+        assert set(route.from_grad) | set(route.from_matmul) == set(route.float_inputs)
+        assert (route.matmul_sources[-1] == ("grad", "dicfo")) if cell else not route.from_matmul
     assert autodiff.forward_ops() == ("LSTMBlockCell", "BlockLSTM", "BlockLSTMV2")
     assert autodiff.differentiable_outputs("BlockLSTMV2") == ("cs", "h")
 

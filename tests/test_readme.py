@@ -70,6 +70,15 @@ def _check_autodiff(ns):
     testing.assert_close(ns["grads"]["x"], ref["x_grad"], "float32", "x_grad")
 
 
+def _check_tf(ns):
+    inputs = {**ns["inputs"], "w": ns["w"].numpy()}
+    fwd = reference.run("BlockLSTMV2", inputs, {})
+    ref = reference.run("BlockLSTMGradV2", {**inputs, **fwd, "cs_grad": np.zeros_like(fwd["cs"]),
+                                            "h_grad": np.ones_like(fwd["h"])},
+                        {"use_peephole": False})
+    testing.assert_close(ns["dw"].numpy(), ref["w_grad"], "float32", "w_grad")
+
+
 #: A line of the block -> the check of its results.
 CHECKS = {
     "fwd = raw_ops.BlockLSTM(**inputs)": _check_raw_ops,
@@ -78,6 +87,7 @@ CHECKS = {
     "session = native.InferenceSession(": _check_native,
     "mod = lstm_tvm.relax.from_onnx(model)": _check_relax,
     "autodiff.vjp(": _check_autodiff,
+    "out = ltf.BlockLSTMV2(": _check_tf,
 }
 
 
