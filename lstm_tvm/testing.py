@@ -5,14 +5,11 @@ Importing this module does not import TensorFlow; :func:`tf_run` imports it on f
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 import numpy as np
 
 from . import reference, registry
-
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 #: ``(rtol, atol)`` for comparing an lstm_tvm result of a dtype with the float64 reference.
 #: :func:`assert_close` passes where ``|actual - expected| <= atol * scale + rtol * |expected|``;

@@ -4,10 +4,14 @@ Truths: TF's own results (the same tf.function run by TF) for the six ops and fo
 step through BlockLSTM; for BlockLSTMV2, whose tape gradient TF 2.21 gets wrong, central finite
 differences of the float64 reference forward and tf.raw_ops.BlockLSTMGradV2 called directly.
 Each model runs on the function route (plain onnxruntime) and on the TVM-kernel route
-(lstm_tvm.onnx.ort PyOps, float32). Converted models are shared per module.
+(lstm_tvm.onnx.ort PyOps, float32). Converted models are shared per module. Captured
+tf.constants and tf.Variables must become initializers holding their values; the command, run as
+a child process, must print none of TF's start-up lines (which TF itself prints: seen with -v).
 """
 
 import json
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -27,6 +31,7 @@ from click.testing import CliRunner
 
 from lstm_tvm import convert
 from lstm_tvm.cli import main as cli_main
+from lstm_tvm.convert import tf_import
 
 T, B, I, H = 5, 3, 4, 6
 SEQ = T - 2  # seq_len_max < T: TF leaves padded forward activations undefined
@@ -461,6 +466,9 @@ def test_bad_arguments():
                               custom_op_handlers={"BlockLSTMV2": (lambda *a: None, [])})
     with pytest.raises(FileNotFoundError, match="saved_model.pb"):
         convert.from_saved_model("/nonexistent/model")
+    weights = tf.constant(np.ones((I + H, 4 * H), np.float32))
+    with pytest.raises(ValueError, match="input_signature: expected at least one tensor"):
+        convert.from_function(tf.function(lambda: {"w": weights * 2}), [])
 
 
 def test_missing_dependencies_name_the_extra(monkeypatch):
@@ -499,3 +507,194 @@ def test_constant_seq_len_max():
         for name in ("cs", "h"):
             testing.assert_close(out[name], expected[name], "float32", f"{route} {name}",
                                  tol=_tol("float32"))
+
+
+# --- (f) captured tensors and variables become initializers --------------------------------------
+
+WEIGHTS = ("w", "wci", "wcf", "wco", "b")
+ARGS = ("x", "cs_prev", "h_prev")
+
+
+def _captured_block_lstm(arrays, variables):
+    """A tf.function of ``(x, cs_prev, h_prev)`` running BlockLSTM (peephole on, non-default
+    attributes) on weights it captures: ``tf.Variable`` for the names in ``variables``,
+    ``tf.constant`` for the others."""
+    captured = {n: tf.Variable(arrays[n]) if n in variables else tf.constant(arrays[n])
+                for n in WEIGHTS}
+
+    @tf.function
+    def fn(x, cs_prev, h_prev):
+        out = tf.raw_ops.BlockLSTM(seq_len_max=tf.shape(x, out_type=tf.int64)[0], x=x,
+                                   cs_prev=cs_prev, h_prev=h_prev, use_peephole=True,
+                                   **ON_ATTRS["BlockLSTM"], **captured)
+        return {"cs": out.cs, "h": out.h}
+
+    return fn
+
+
+def _check_weights_frozen(model, arrays):
+    """The BlockLSTM node reads each weight from an initializer holding its exact value."""
+    node = next(n for n in model.graph.node if n.op_type == "BlockLSTM")
+    inits = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    fed = dict(zip(OPS["BlockLSTM"].input_names, node.input))
+    for name in WEIGHTS:
+        assert fed[name] in inits, f"{name}: {fed[name]!r} is not an initializer"
+        np.testing.assert_array_equal(inits[fed[name]], arrays[name], err_msg=name)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("variables", [(), ("w", "b")], ids=["constants", "mixed"])
+def test_captured_weights_become_initializers(variables, route):
+    """Before, tf2onnx made each captured tf.constant a graph input ("Required inputs ...
+    missing" in onnxruntime); now the arguments alone are inputs and TF's results come out."""
+    arrays = testing.make_inputs("BlockLSTM", B=B, I=I, H=H, T=T, seed=7,
+                                 attrs={"use_peephole": True})
+    fn = _captured_block_lstm(arrays, variables)
+    specs = [_spec(n, s.shape, "float32") for n in ARGS
+             for s in OPS["BlockLSTM"].inputs if s.name == n]
+    model = convert.from_function(fn, specs)
+    assert [i.name for i in model.graph.input] == list(ARGS)
+    _check_weights_frozen(model, arrays)
+    expected = _tf_call(fn, ARGS, arrays)
+    out = _run(model, route, arrays)
+    for name in ("cs", "h"):
+        testing.assert_close(out[name], expected[name], "float32", f"{route} {name}",
+                             tol=_tol("float32"))
+
+
+def test_captured_resource_that_is_not_a_variable_is_named():
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant([1, 2], tf.int64),
+                                            tf.constant([0.5, 2.0])), default_value=1.0)
+
+    @tf.function
+    def scaled(x, keys):
+        return {"y": x * table.lookup(keys)}
+
+    specs = [tf.TensorSpec([None], tf.float32, name="x"),
+             tf.TensorSpec([None], tf.int64, name="keys")]
+    with pytest.raises(convert.ConversionError,
+                       match=r"scaled: captured '[^']*table_handle' \(a resource, not a "
+                             r"tf\.Variable\) cannot be frozen"):
+        convert.from_function(scaled, specs)
+
+
+# --- (g) TF's start-up lines, in child processes ------------------------------------------------
+
+#: What TF 2.21 prints while it loads (CPU and CUDA builds), in the words of its messages.
+TF_STARTUP_MARKERS = ("oneDNN custom operations are on", "absl::InitializeLog()",
+                      "This TensorFlow binary is optimized", "Unable to register cuDNN factory",
+                      "Unable to register cuBLAS factory", "TF-TRT Warning")
+
+
+def _startup_lines(stderr):
+    return [line for line in stderr.splitlines() if any(m in line for m in TF_STARTUP_MARKERS)]
+
+
+def _child(args, *, tf_log_level=None, code=None):
+    """``lstm-tvm convert <args>`` (or the Python ``code``) in a child process, with
+    ``TF_CPP_MIN_LOG_LEVEL`` unset unless ``tf_log_level``."""
+    env = {k: v for k, v in os.environ.items() if k != tf_import.LOG_LEVEL_VAR}
+    if tf_log_level is not None:
+        env[tf_import.LOG_LEVEL_VAR] = tf_log_level
+    code = code or "from lstm_tvm.cli import main; main(prog_name='lstm-tvm')"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=env, timeout=300)
+
+
+class _CapturingModule(tf.Module):
+    """BlockLSTM whose ``w`` is a variable and whose other weights are captured constants."""
+
+    def __init__(self, arrays):
+        super().__init__()
+        self.w = tf.Variable(arrays["w"])
+        self.consts = {n: tf.constant(arrays[n]) for n in WEIGHTS if n != "w"}
+
+    @tf.function(input_signature=[_spec("x", ("T", "B", "I"), "float32")])
+    def run(self, x):
+        zeros = tf.zeros(tf.stack([tf.shape(x)[1], H]))
+        out = tf.raw_ops.BlockLSTM(seq_len_max=tf.shape(x, out_type=tf.int64)[0], x=x,
+                                   cs_prev=zeros, h_prev=zeros, w=self.w, use_peephole=True,
+                                   **self.consts)
+        return {"h": out.h}
+
+
+@pytest.fixture(scope="module")
+def capturing_saved_model(tmp_path_factory):
+    arrays = testing.make_inputs("BlockLSTM", B=B, I=I, H=H, T=T, seed=8)
+    module = _CapturingModule(arrays)
+    path = tmp_path_factory.mktemp("capturing") / "model"
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.run})
+    return path, arrays, module.run(tf.constant(arrays["x"]))["h"].numpy()
+
+
+def test_cli_prints_no_tf_startup_lines(capturing_saved_model, tmp_path):
+    path, arrays, expected = capturing_saved_model
+    out_path = tmp_path / "model.onnx"
+    done = _child(["convert", "--saved-model", str(path), "-o", str(out_path)])
+    assert done.returncode == 0, done.stderr
+    assert not _startup_lines(done.stderr), done.stderr
+    assert all(line.startswith("lstm-tvm convert: ") for line in done.stderr.splitlines()), \
+        done.stderr
+    assert "inputs: x\noutputs: h\n" in done.stdout
+    model = onnx.load(str(out_path))
+    assert [i.name for i in model.graph.input] == ["x"]
+    _check_weights_frozen(model, arrays)
+    testing.assert_close(_run(model, "tvm", arrays)["h"], expected, "float32", "h",
+                         tol=_tol("float32"))
+
+
+def test_cli_verbose_shows_tf_and_tf2onnx_logging(capturing_saved_model, tmp_path):
+    """TF does print start-up lines here (so the test above can fail); -v keeps them."""
+    done = _child(["convert", "--saved-model", str(capturing_saved_model[0]), "-o",
+                   str(tmp_path / "model.onnx"), "-v"])
+    assert done.returncode == 0, done.stderr
+    assert _startup_lines(done.stderr), done.stderr
+    assert "lstm-tvm convert: tf2onnx." in done.stderr
+
+
+def test_cli_keeps_the_users_tf_log_level(capturing_saved_model, tmp_path):
+    """TF_CPP_MIN_LOG_LEVEL=0 set by the user: TF's INFO lines of the conversion (grappler's
+    sessions) show, its start-up lines still do not."""
+    done = _child(["convert", "--saved-model", str(capturing_saved_model[0]), "-o",
+                   str(tmp_path / "model.onnx")], tf_log_level="0")
+    assert done.returncode == 0, done.stderr
+    assert "Starting new session" in done.stderr
+    assert not _startup_lines(done.stderr), done.stderr
+
+
+def test_cli_bad_input_shows_the_error_only(tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "saved_model.pb").write_bytes(b"\x0a\xff\xff not a proto")
+    done = _child(["convert", "--saved-model", str(folder), "-o", str(tmp_path / "m.onnx")])
+    assert done.returncode == 1, done.stderr
+    assert not _startup_lines(done.stderr), done.stderr
+    assert "Error: saved model: expected a SavedModel proto in" in done.stderr
+    assert str(folder / "saved_model.pb") in done.stderr
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_api_import_sets_level_when_unset(capturing_saved_model):
+    """lstm_tvm.convert importing TF: no start-up lines, TF_CPP_MIN_LOG_LEVEL unset before,
+    1 (INFO off) after (tf2onnx's import sets 3: errors off)."""
+    code = ("import os, sys; from lstm_tvm import convert; "
+            "convert.from_saved_model(sys.argv[1]); "
+            "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))")
+    done = _child([str(capturing_saved_model[0])], code=code)
+    assert done.returncode == 0, done.stderr
+    assert not _startup_lines(done.stderr), done.stderr
+    assert done.stdout.strip() == "1"
+
+
+def test_startup_line_filter_keeps_other_lines(capfd):
+    noise = ("I0000 00:00:1.1 7 port.cc:153] oneDNN custom operations are on. You may see ...\n"
+             "E0000 00:00:1.2 7 cuda_dnn.cc:8579] Unable to register cuDNN factory: ...\n")
+    real = "E0000 00:00:1.3 7 loader.cc:12] Could not open file: No such file\n"
+    with tf_import.filter_startup_lines():
+        os.write(2, (noise + real).encode())
+    assert capfd.readouterr().err == real
+    with pytest.raises(RuntimeError), tf_import.filter_startup_lines():
+        os.write(2, noise.encode())
+        raise RuntimeError("import failed")
+    assert capfd.readouterr().err == noise  # a failed import shows everything

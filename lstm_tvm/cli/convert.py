@@ -4,44 +4,53 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 
 import click
 
 from ..onnx.domain import ONNX_OPSET
 
+#: TF_CPP_MIN_LOG_LEVEL the command sets when unset: TF's C++ errors only.
+_TF_CPP_MIN_LOG_LEVEL = "2"
+
 
 class _EchoHandler(logging.Handler):
-    """Log records as ``lstm-tvm convert: <message>`` lines on stderr (warnings marked)."""
+    """Log records as ``lstm-tvm convert: <message>`` lines on stderr (warnings and errors
+    marked, records of other packages' loggers named)."""
 
     def emit(self, record):
         level = "" if record.levelno < logging.WARNING else f"{record.levelname.lower()}: "
-        click.echo(f"lstm-tvm convert: {level}{record.getMessage()}", err=True)
+        source = "" if record.name.startswith("lstm_tvm") else f"{record.name}: "
+        click.echo(f"lstm-tvm convert: {level}{source}{record.getMessage()}", err=True)
 
 
 @contextlib.contextmanager
 def _progress(verbose: bool):
-    """lstm_tvm.convert's log on stderr; TF's and tf2onnx's Python warnings (deprecations
-    inside tf2onnx) only with ``verbose``."""
-    logger = logging.getLogger("lstm_tvm.convert")
-    quiet = {} if verbose else {name: logging.getLogger(name) for name in ("tensorflow",
-                                                                            "tf2onnx")}
-    saved = (logger.level, logger.propagate, {n: q.level for n, q in quiet.items()})
+    """lstm_tvm.convert's log and tf2onnx's on stderr: lstm_tvm's INFO lines and tf2onnx's
+    errors, or with ``verbose`` lstm_tvm's DEBUG and tf2onnx's INFO lines too. TF's Python
+    logger shows errors only, or with ``verbose`` its warnings too."""
+    levels = {"lstm_tvm.convert": logging.DEBUG if verbose else logging.INFO,
+              "tf2onnx": logging.INFO if verbose else logging.ERROR}
+    echoed = {name: logging.getLogger(name) for name in levels}
+    tf_logger = None if verbose else logging.getLogger("tensorflow")
+    saved = {name: (lg.level, lg.propagate) for name, lg in echoed.items()}
+    saved_tf = tf_logger.level if tf_logger else None
     handler = _EchoHandler()
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logger.propagate = False
-    for q in quiet.values():
-        q.setLevel(logging.ERROR)
+    for name, lg in echoed.items():
+        lg.addHandler(handler)
+        lg.setLevel(levels[name])
+        lg.propagate = False
+    if tf_logger:
+        tf_logger.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
-        for name, level in saved[2].items():
-            quiet[name].setLevel(level)
+        for name, lg in echoed.items():
+            lg.removeHandler(handler)
+            lg.setLevel(saved[name][0])
+            lg.propagate = saved[name][1]
+        if tf_logger:
+            tf_logger.setLevel(saved_tf)
 
 
 @click.command("convert")
@@ -61,7 +70,8 @@ def _progress(verbose: bool):
 @click.option("--keep-tf-gradient", is_flag=True,
               help="Keep TF's BlockLSTMGrad where it reads BlockLSTMV2's outputs (TF's wrong "
                    "gradient) instead of converting it as BlockLSTMGradV2.")
-@click.option("--verbose", "-v", is_flag=True, help="More log lines.")
+@click.option("--verbose", "-v", is_flag=True,
+              help="More log lines: tf2onnx's progress, TF's warnings and start-up lines.")
 def command(saved_model, output, signature, tag, opset, no_functions, keep_tf_gradient,
             verbose):
     """Convert a TF SavedModel holding LSTM block ops to ONNX (domain org.lstm_tvm).
@@ -71,8 +81,10 @@ def command(saved_model, output, signature, tag, opset, no_functions, keep_tf_gr
     other ops are converted by tf2onnx. A BlockLSTMGrad reading a BlockLSTMV2's outputs (what
     tf.GradientTape emits in TF 2.21, a TF bug) becomes BlockLSTMGradV2. With the ops' ONNX
     functions attached (the default) a plain onnxruntime session runs the model.
+
+    TF's start-up lines are left out and TF_CPP_MIN_LOG_LEVEL is 2 (C++ errors only) unless
+    set already; --verbose shows TF's logging as it is.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from ..convert.api import from_saved_model, require
     from ..convert.handlers import ConversionError
     from ..convert.model import check_opset
@@ -84,7 +96,7 @@ def command(saved_model, output, signature, tag, opset, no_functions, keep_tf_gr
     start = time.perf_counter()
     with _progress(verbose):
         try:
-            require()
+            require(None if verbose else _TF_CPP_MIN_LOG_LEVEL)
             model = from_saved_model(saved_model, signature=signature, tag=tag, opset=opset,
                                      output_path=output, attach_functions=not no_functions,
                                      fix_v2_gradient=not keep_tf_gradient)

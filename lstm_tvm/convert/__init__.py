@@ -8,8 +8,10 @@ gives it one handler per registry op (:mod:`.handlers`) and finishes the model f
 ``BlockLSTMV2`` (what ``tf.GradientTape`` emits in TF 2.21, a TF bug) is converted as
 ``BlockLSTMGradV2``.
 
-Importing this package does not import TensorFlow; converting needs it and tf2onnx
-(``pip install -e ".[convert]"``).
+A function's arguments become the model's inputs; the ``tf.Variable`` s and ``tf.constant`` s
+it captures become initializers (:mod:`.freeze`). Importing this package does not import
+TensorFlow; converting needs it and tf2onnx (``pip install -e ".[convert]"``), imported without
+TF's start-up lines (:mod:`.tf_import`).
 """
 
 from .api import from_function, from_graph_def, from_saved_model, require, saved_model_signatures

@@ -5,13 +5,15 @@ run ``tf2onnx`` with the handlers of :mod:`.handlers` (TF's LSTM block ops becom
 :data:`~lstm_tvm.onnx.domain.DOMAIN` nodes; ``BlockLSTMGrad`` fed by ``BlockLSTMV2`` becomes
 ``BlockLSTMGradV2``) and of :mod:`.tf_ops` (``BroadcastGradientArgs``, which gradients of
 dynamic-shape graphs need and tf2onnx lacks), add the custom domain to the opset imports
-(tf2onnx's Python API does not), then :func:`.model.finish_model`: ``ai.onnx`` opset 21 by default, IR version 10, the ONNX
-functions of the ops used attached (a plain ``onnxruntime.InferenceSession`` runs the model;
-:class:`lstm_tvm.onnx.ort.InferenceSession` runs the same model on lstm_tvm's TVM kernels), and
-onnx's checker. Every node tf2onnx or the handlers cannot convert raises
-:class:`~.handlers.ConversionError` naming it.
+(tf2onnx's Python API does not), then :func:`.model.finish_model`: ``ai.onnx`` opset 21 by
+default, IR version 10, the ONNX functions of the ops used attached (a plain
+``onnxruntime.InferenceSession`` runs the model; :class:`lstm_tvm.onnx.ort.InferenceSession`
+runs the same model on lstm_tvm's TVM kernels), and onnx's checker. Every node tf2onnx or the
+handlers cannot convert raises :class:`~.handlers.ConversionError` naming it.
 
-Needs TensorFlow and tf2onnx: ``pip install -e ".[convert]"``.
+A function's arguments become the model's inputs; the variables and tensors it captures
+become initializers (:mod:`.freeze`). Needs TensorFlow and tf2onnx
+(``pip install -e ".[convert]"``), imported without TF's start-up lines (:mod:`.tf_import`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from onnx import helper
 from ..onnx.domain import DOMAIN, DOMAIN_VERSION
 from . import tf_ops
 from .handlers import ConversionError, Handlers
+from .freeze import freeze_function, function_io
 from .model import TF2ONNX_MAX_OPSET, check_opset, finish_model, lstm_op_types
+from .tf_import import import_tensorflow, tf_deprecations_silenced
 
 __all__ = ["from_function", "from_graph_def", "from_saved_model", "require",
            "saved_model_signatures"]
@@ -36,17 +40,19 @@ log = logging.getLogger("lstm_tvm.convert")
 INSTALL_HINT = 'pip install -e ".[convert]"'
 
 
-def require():
+def require(cpp_log_level: str | None = "1"):
     """Import and return ``(tensorflow, tf2onnx)``; ``ImportError`` naming the extra to install
-    when one is missing."""
+    when one is missing.
+
+    When this imports TF, TF's start-up lines are dropped from stderr and
+    ``TF_CPP_MIN_LOG_LEVEL`` is set to ``cpp_log_level`` unless set already
+    (:func:`.tf_import.import_tensorflow`; ``None`` leaves TF's logging alone).
+    """
     try:
-        import tensorflow as tf
-        import tf2onnx
-        import tf2onnx.tf_loader  # from_saved_model uses it
+        return import_tensorflow(cpp_log_level)
     except ImportError as err:
         raise ImportError(f"lstm_tvm.convert needs TensorFlow and tf2onnx ({err.name or err} is "
                           f"not installed): {INSTALL_HINT}") from err
-    return tf, tf2onnx
 
 
 def _tf2onnx_kwargs(handlers: Handlers, opset: int, kwargs: dict) -> dict:
@@ -93,7 +99,9 @@ def from_function(fn, input_signature, *, opset: int | None = None, output_path=
     fn : tf.function
     input_signature : sequence of tf.TensorSpec
         As ``tf2onnx.convert.from_function``; the specs' names name the model's inputs, and a
-        dict returned by ``fn`` names its outputs.
+        dict returned by ``fn`` names its outputs. The model's inputs are ``fn``'s arguments
+        only: the ``tf.Variable`` s and tensors (``tf.constant`` s) ``fn`` captures are frozen
+        into initializers (:mod:`.freeze`).
     opset : int, optional
         ``ai.onnx`` opset of the model (default 21; at most 26, onnxruntime 1.31's limit; at
         least 21 with functions attached). tf2onnx converts at ``min(opset, 18)`` and onnx's
@@ -118,9 +126,10 @@ def from_function(fn, input_signature, *, opset: int | None = None, output_path=
     Raises
     ------
     ConversionError
-        A node that cannot be converted (named, with the input or attribute at fault).
+        A node that cannot be converted (named, with the input or attribute at fault), or a
+        captured resource that is not a ``tf.Variable`` (a lookup table, ...), named.
     ValueError
-        An ``opset`` out of range.
+        An ``opset`` out of range, or no tensor argument in ``input_signature``.
     ImportError
         TensorFlow or tf2onnx missing.
     """
@@ -128,8 +137,19 @@ def from_function(fn, input_signature, *, opset: int | None = None, output_path=
     _, tf2onnx = require()
     handlers = Handlers(fix_v2_gradient=fix_v2_gradient)
     kwargs = _tf2onnx_kwargs(handlers, opset, tf2onnx_kwargs)
-    log.info("converting %s with tf2onnx %s", getattr(fn, "__name__", fn), tf2onnx.__version__)
-    model, _ = tf2onnx.convert.from_function(fn, input_signature, **kwargs)
+    name = getattr(fn, "__name__", str(fn))
+    log.info("converting %s with tf2onnx %s", name, tf2onnx.__version__)
+    concrete = fn.get_concrete_function(*input_signature)
+    inputs, outputs = function_io(concrete)
+    if not inputs:
+        raise ValueError(f"input_signature: expected at least one tensor argument of {name} "
+                         f"(the model's inputs), got {list(input_signature)!r}")
+    renames = tf2onnx.convert.tensor_names_from_structed(concrete, inputs, outputs)
+    with tf_deprecations_silenced():
+        graph_def = freeze_function(concrete, inputs, outputs, name)
+        model, _ = tf2onnx.convert.from_graph_def(graph_def, name=name, input_names=inputs,
+                                                  output_names=outputs,
+                                                  tensors_to_rename=renames, **kwargs)
     return _finish(model, handlers, opset, attach_functions, output_path)
 
 
@@ -144,17 +164,25 @@ def from_graph_def(graph_def, input_names, output_names, *, opset: int | None = 
     kwargs = _tf2onnx_kwargs(handlers, opset, tf2onnx_kwargs)
     log.info("converting a GraphDef of %d nodes with tf2onnx %s", len(graph_def.node),
              tf2onnx.__version__)
-    model, _ = tf2onnx.convert.from_graph_def(graph_def, input_names=list(input_names),
-                                              output_names=list(output_names), **kwargs)
+    with tf_deprecations_silenced():
+        model, _ = tf2onnx.convert.from_graph_def(graph_def, input_names=list(input_names),
+                                                  output_names=list(output_names), **kwargs)
     return _finish(model, handlers, opset, attach_functions, output_path)
 
 
 def saved_model_signatures(path) -> list[str]:
-    """The signature keys of the SavedModel at ``path`` (read from ``saved_model.pb``)."""
+    """The signature keys of the SavedModel at ``path`` (read from ``saved_model.pb``);
+    ``ValueError`` naming the file when it is not a SavedModel proto."""
+    from google.protobuf.message import DecodeError
     from tensorflow.core.protobuf import saved_model_pb2
 
     proto = saved_model_pb2.SavedModel()
-    proto.ParseFromString((Path(path) / "saved_model.pb").read_bytes())
+    file = Path(path) / "saved_model.pb"
+    try:
+        proto.ParseFromString(file.read_bytes())
+    except DecodeError as err:
+        raise ValueError(f"saved model: expected a SavedModel proto in {str(file)!r}, got a "
+                         f"file that does not parse ({err})") from err
     return sorted({k for mg in proto.meta_graphs for k in mg.signature_def
                    if not k.startswith("__")})
 
@@ -180,13 +208,15 @@ def from_saved_model(path, *, signature: str = "serving_default", tag: str = "se
         raise ValueError(f"signature: {signature!r} is not in the SavedModel {str(path)!r}; "
                          f"expected one of {found}")
     log.info("loading SavedModel %s (signature %s, tag %s)", path, signature, tag)
-    graph_def, inputs, outputs, renames = tf2onnx.tf_loader.from_saved_model(
-        str(path), None, None, tag=[tag], signatures=[signature],
-        return_tensors_to_rename=True)
     handlers = Handlers(fix_v2_gradient=fix_v2_gradient)
     kwargs = _tf2onnx_kwargs(handlers, opset, tf2onnx_kwargs)
-    log.info("converting %d TF nodes with tf2onnx %s", len(graph_def.node), tf2onnx.__version__)
-    model, _ = tf2onnx.convert.from_graph_def(graph_def, name=str(path), input_names=inputs,
-                                              output_names=outputs, tensors_to_rename=renames,
-                                              **kwargs)
+    with tf_deprecations_silenced():
+        graph_def, inputs, outputs, renames = tf2onnx.tf_loader.from_saved_model(
+            str(path), None, None, tag=[tag], signatures=[signature],
+            return_tensors_to_rename=True)
+        log.info("converting %d TF nodes with tf2onnx %s", len(graph_def.node),
+                 tf2onnx.__version__)
+        model, _ = tf2onnx.convert.from_graph_def(graph_def, name=str(path),
+                                                  input_names=inputs, output_names=outputs,
+                                                  tensors_to_rename=renames, **kwargs)
     return _finish(model, handlers, opset, attach_functions, output_path)
