@@ -122,11 +122,29 @@ def _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_json, stam
     them serialises traces, too slow for every ``raw_ops`` call."""
     from .tuning import database
 
+    uses = _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp)
+    return tuple(sorted((u.block, u.best.task.key, database.trace_to_json(u.best.trace))
+                        for u in uses if u.best is not None))
+
+
+def record_uses(spec: BuildSpec) -> tuple:
+    """Which tuning record each GEMM block of ``spec``'s kernel takes, and from which database
+    (:class:`lstm_tvm.tuning.database.Use`, in kernel order), as the databases are now: the
+    records :func:`make_spec` attaches to a spec it makes now."""
+    from .tuning import database
+
+    target = resolve_target(json.loads(spec.target))
+    return _record_uses_at(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.attrs,
+                           spec.target, database.stamp(target))
+
+
+@functools.lru_cache(maxsize=256)
+def _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp) -> tuple:
+    from .tuning import database
+
     target = resolve_target(json.loads(target_json))
     blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, gemm_tile_rows(target))
-    found = database.tuned_blocks(target, blocks, stamp)
-    return tuple(sorted((name, best.task.key, database.trace_to_json(best.trace))
-                        for name, best in found.items()))
+    return database.block_uses(target, blocks, stamp)
 
 
 @functools.lru_cache(maxsize=256)

@@ -220,16 +220,17 @@ def test_a_cpu_without_records_borrows_those_of_its_isa(schedules, tmp_path, mon
     assert shown.exit_code == 0, shown.output
     assert "target: llvm-icelake-server (x86_64 avx512f intel)" in shown.output
     row = ["shipped", "llvm-skylake-avx512", "x86_64", "avx512f", "intel", str(len(task_list)),
-           "yes"]
+           "borrowed"]
     assert any(line.split()[:7] == row for line in shown.output.splitlines()), shown.output
     assert shown.output.splitlines()[-1] == (
         f"uses: borrowed from llvm-skylake-avx512 (same ISA), shipped records in "
         f"{shipped / 'llvm-skylake-avx512'}")
-    # records of its own, however few, end the borrowing
+    # records of its own come first; the borrowed ones stand in for what they lack
     own = _x86("icelake-server")
     _commit_sampled_records(database.open_database(database.database_dir(own), True), own,
                             task_list[:1], 0)
-    assert [(s.origin, s.borrowed) for s in database.sources(own)] == [("user", False)]
+    assert [(s.origin, s.key, s.borrowed) for s in database.sources(own)] == [
+        ("user", "llvm-icelake-server", False), ("shipped", "llvm-skylake-avx512", True)]
 
 
 def test_shipped_records_can_be_turned_off(schedules, monkeypatch):

@@ -11,7 +11,7 @@ import click
 
 from .. import __version__
 from .._cli_common import format_table
-from . import bench, build, cache, convert, export, ops, tune
+from . import bench, build, cache, convert, export, ops, schedules, tune
 from .ops import op_table_markdown
 
 __all__ = ["main", "op_table_markdown", "format_table"]
@@ -26,5 +26,5 @@ def main():
 for _name, _command in (("build", build.command), ("ops", ops.command),
                         ("export", export.command), ("cache", cache.cache),
                         ("bench", bench.command), ("tune", tune.command),
-                        ("schedules", tune.schedules_command), ("convert", convert.command)):
+                        ("schedules", schedules.command), ("convert", convert.command)):
     main.add_command(_command, _name)

@@ -26,7 +26,7 @@ from .._tvm import missing_device_error, resolve_target
 from ..api import compile as _compile
 from ..bench import describe_machine, machine
 from ..registry import DTYPES, OPS
-from ..tuning.database import describe_use
+from ..tuning.database import describe_use, uses_table
 
 __all__ = ["command"]
 
@@ -62,7 +62,7 @@ def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
     rtol, atol = testing.tolerance(dtype)
     row = {"op": op_name, "dtype": dtype, "use_peephole": peephole, "compile_s": None,
            "run_ms": None, "max_abs_err": None, "worst_output": "", "rtol": rtol, "atol": atol,
-           "passed": False, "skipped": None, "failures": []}
+           "passed": False, "skipped": None, "failures": [], "records": None}
     attrs = {"use_peephole": peephole}
     try:
         inputs = testing.make_inputs(op_name, dtype=dtype, B=opts["batch"], I=opts["input_size"],
@@ -72,6 +72,7 @@ def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
         compiled = _compile(op_name, target=opts["target"], dtype=dtype,
                             input_size=opts["input_size"], cell_size=opts["cell_size"], **attrs)
         row["compile_s"] = time.perf_counter() - start
+        row["records"] = _records(compiled.spec)
         if compiled.func is None:  # built, but it cannot run here (CUDA, no GPU; another CPU)
             row["skipped"] = _no_device_reason(compiled)
             return row
@@ -89,6 +90,32 @@ def _run_case(op_name: str, dtype: str, peephole: bool, opts: dict) -> dict:
     except Exception as exc:  # a crashing case is a FAIL row, the others still run
         row["failures"].append(f"{type(exc).__name__}: {exc}")
     return row
+
+
+def _records(spec) -> list[dict]:
+    """Each GEMM block of a built kernel: the task whose record it took, and from where."""
+    return [{"block": u.block, "task": None if u.best is None else u.best.task.key,
+             "records": u.label, "key": None if u.source is None else u.source.key,
+             "origin": None if u.source is None else u.source.origin}
+            for u in _build.record_uses(spec)]
+
+
+def _records_table(results) -> str:
+    """The records each (op, dtype) built took, block by block (by peephole setting only where
+    its kernels' blocks take different ones)."""
+    cases: dict[tuple, dict[str, list]] = {}
+    for r in results:
+        if r["records"] is not None:
+            uses = [(u["block"], u["records"]) for u in r["records"]]
+            peephole = f"peephole {'on' if r['use_peephole'] else 'off'}"
+            cases.setdefault((r["op"], r["dtype"]), {})[peephole] = uses
+    rows = []
+    for (op, dtype), by_peephole in cases.items():
+        if len({repr(u) for u in by_peephole.values()}) == 1:
+            rows.append(((op, dtype), next(iter(by_peephole.values()))))
+        else:
+            rows += [((op, f"{dtype} ({p})"), u) for p, u in by_peephole.items()]
+    return uses_table(rows)
 
 
 def _no_device_reason(compiled) -> str:
@@ -184,6 +211,10 @@ def command(ops_, dtypes, peephole, json_path, no_cache, **opts):
                             _result_rows(results), right=(3, 4, 5)))
     click.echo("PASS: |actual - ref| <= atol * max(1, max|ref|) + rtol * |ref| for every output "
                "(lstm_tvm.testing.assert_close)")
+    if any(r["records"] is not None for r in results):
+        click.echo("tuning records by GEMM block (a block takes its own key's record, else the "
+                   "borrowed key's):")
+        click.echo(_records_table(results))
     failed = [r for r in results if not r["passed"] and not r["skipped"]]
     skipped = [r for r in results if r["skipped"]]
     for r in failed:

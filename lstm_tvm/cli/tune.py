@@ -1,5 +1,4 @@
-"""``lstm-tvm tune`` (a MetaSchedule tuning session) and ``lstm-tvm schedules`` (which records a
-target uses)."""
+"""``lstm-tvm tune``: a MetaSchedule tuning session."""
 
 from __future__ import annotations
 
@@ -97,32 +96,3 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed, rpc_track
     click.echo(f"{len(results)} tasks, database {database_dir(resolved, schedules_dir)}, "
                f"{time.perf_counter() - start:.0f} s")
 
-
-@click.command("schedules")
-@target_option()
-def schedules_command(target):
-    """Say which tuning records a target's kernels use and where they come from.
-
-    Lookups read the user's records (written by `lstm-tvm tune`; LSTM_TVM_SCHEDULES_DIR
-    overrides the folder), then those shipped with lstm_tvm (LSTM_TVM_SHIPPED_SCHEDULES=0
-    turns them off). A CPU with no records of its own borrows those of a CPU with the same
-    architecture and vector extension.
-    """
-    from .. import env
-    from ..tuning import database
-
-    resolved = resolve_target(target)
-    click.echo(f"target: {database.target_key(resolved)} ({database.isa_class(resolved)})"
-               if str(resolved.kind.name) == "llvm" else f"target: {database.target_key(resolved)}")
-    for origin, root in env.schedule_roots():
-        click.echo(f"{origin} records: {root}{'' if root.is_dir() else ' (none yet)'}")
-    if env.shipped_schedules_dir() is None:
-        click.echo("shipped records: off (LSTM_TVM_SHIPPED_SCHEDULES)")
-    used = {s.folder for s in database.sources(resolved)}
-    rows = [(origin, folder.name, isa, str(len(database.tasks_in(folder))),
-             "yes" if folder in used else "", str(folder))
-            for origin, folder, isa in database.databases()]
-    if rows:
-        click.echo(format_table(("origin", "key", "ISA", "tasks", "used", "folder"), rows,
-                                right=(3,)))
-    click.echo(f"uses: {database.describe_use(resolved)}")

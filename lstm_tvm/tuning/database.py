@@ -3,10 +3,11 @@
 The target key names the machine the records were measured on (``llvm-<mcpu>`` for CPUs,
 ``cuda-<arch>`` for GPUs). Two roots hold databases (:func:`lstm_tvm.env.schedule_roots`): the
 user's, where tuning sessions write, and the records shipped with lstm_tvm. A target's lookups
-(:func:`sources`) read its own key's databases, the user's first; a CPU with none of its own
-borrows the databases of a compatible CPU (same architecture and vector extension, see
-:func:`compatible`), and says so. A record whose own target differs from its database's key
-is ignored.
+(:func:`sources`) read its own key's databases, the user's first, then, for a CPU, those of
+one compatible CPU key (same architecture and vector extension, see :func:`compatible`). A
+kernel takes its records block by block (:func:`block_uses`): each GEMM block its own key's
+record when there is one, else the borrowed key's, else the rule-based schedule. A record whose
+own target differs from its database's key is ignored.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import functools
 import json
 import logging
 import re
+import textwrap
 from pathlib import Path
 
 from .. import env
 from .space import describe
 from .tasks import Task, task_of
 
-__all__ = ["Best", "FAILED_SECONDS", "Source", "compatible", "database_dir", "databases",
-           "describe_use", "failed", "isa_class", "open_database", "sources", "target_key",
-           "tasks_in", "tuned_blocks"]
+__all__ = ["Best", "FAILED_SECONDS", "Source", "Use", "block_uses", "compatible", "database_dir",
+           "databases", "describe_use", "failed", "isa_class", "open_database", "sources",
+           "target_key", "tasks_in", "tuned_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -104,17 +106,30 @@ class Source:
         how = f"borrowed from {self.key} (same ISA)" if self.borrowed else self.key
         return f"{how}, {self.origin} records in {self.folder}"
 
+    @property
+    def label(self) -> str:
+        """Short: ``own`` or ``borrowed from llvm-znver5``."""
+        return f"borrowed from {self.key}" if self.borrowed else "own"
+
 
 def sources(target) -> tuple[Source, ...]:
     """The databases ``target``'s kernels take their records from, in order of preference:
-    its own key's (user's, then shipped); without any, the first compatible CPU's by key
-    name (user's root first); else none."""
+    its own key's (user's, then shipped); then, for a CPU, those of the first other key (by
+    root, user's first, then key name) whose records are :func:`compatible` with it, user's
+    then shipped. Lookups go through them block by block (:func:`block_uses`), so borrowed
+    records stand in for the blocks that own records lack."""
     key, roots = target_key(target), env.schedule_roots()
-    own = tuple(Source(origin, root / key, key) for origin, root in roots
-                if (root / key / RECORD_FILE).is_file())
-    if own or str(target.kind.name) != "llvm":
+    own = _folders(key, roots, borrowed=False)
+    if str(target.kind.name) != "llvm":
         return own
-    return _borrowed(str(target), tuple((o, root, _mtime(root)) for o, root in roots))
+    donor = _donor(str(target), tuple((o, root, _mtime(root)) for o, root in roots))
+    return own + (() if donor is None else _folders(donor, roots, borrowed=True))
+
+
+def _folders(key: str, roots, borrowed: bool) -> tuple[Source, ...]:
+    """The databases of ``key`` on ``roots`` (those holding a record file), in root order."""
+    return tuple(Source(origin, root / key, key, borrowed) for origin, root in roots
+                 if (root / key / RECORD_FILE).is_file())
 
 
 def _mtime(path: Path):
@@ -125,18 +140,19 @@ def _mtime(path: Path):
 
 
 @functools.lru_cache(maxsize=64)
-def _borrowed(target_json: str, roots: tuple) -> tuple[Source, ...]:
-    """The database a CPU target without records of its own borrows (see :func:`sources`),
-    cached by the roots' mtimes (a new key folder changes its root's)."""
+def _donor(target_json: str, roots: tuple) -> str | None:
+    """The key a CPU target borrows records from (see :func:`sources`), if any; cached by the
+    roots' mtimes (a new key folder changes its root's)."""
     from .._tvm import tvm
 
     target = tvm.target.Target(json.loads(target_json))
-    for origin, root, _ in roots:
+    own = target_key(target)
+    for _, root, _ in roots:
         for folder in _database_folders(root):
             other = _recorded_target(_stamp(folder))
-            if other is not None and compatible(target, other):
-                return (Source(origin, folder, folder.name, borrowed=True),)
-    return ()
+            if folder.name != own and other is not None and compatible(target, other):
+                return folder.name
+    return None
 
 
 def _database_folders(root: Path) -> list[Path]:
@@ -147,7 +163,7 @@ def _database_folders(root: Path) -> list[Path]:
 
 
 def describe_use(target) -> str:
-    """One line saying which records ``target``'s kernels use and where they come from."""
+    """One line saying which databases ``target``'s kernels read and where they come from."""
     found = sources(target)
     if not found:
         return f"none for {target_key(target)}: rule-based default schedules"
@@ -225,10 +241,10 @@ class Best:
 
 
 def stamp(target) -> tuple:
-    """The identity of the databases :func:`sources` gives ``target`` as they are now (key and
-    each record file's path, mtime, size): what cached lookups are keyed by, so new records
-    are seen at once."""
-    return tuple((s.key, _stamp(s.folder)) for s in sources(target))
+    """The identity of the databases :func:`sources` gives ``target`` as they are now (each
+    :class:`Source` and its record file's path, mtime and size): what cached lookups are keyed
+    by, so new records are seen at once."""
+    return tuple((s, _stamp(s.folder)) for s in sources(target))
 
 
 def _stamp(folder: Path):
@@ -287,18 +303,70 @@ def _load(stamp, key: str) -> tuple[dict[Task, Best], dict[Task, int]]:
     return best, counts
 
 
-def tuned_blocks(target, blocks, state: tuple | None = None) -> dict[str, Best]:
-    """For each kernel GEMM block (a ``GemmBlock`` with symbolic sizes), the best record of a
-    matching task in the first of :func:`sources` that has one, preferring the task tuned at
-    the largest size (``M*K``). ``state``: the :func:`stamp` to read (default: as it is now)."""
-    chosen: dict[str, Best] = {}
-    for key, file_stamp in stamp(target) if state is None else state:
-        found = {} if file_stamp is None else _load(file_stamp, key)[0]
+@dataclasses.dataclass(frozen=True)
+class Use:
+    """The record one GEMM block of a kernel takes: ``best`` from the database ``source``
+    (both None: no database holds one, the block keeps its rule-based schedule)."""
+
+    block: str
+    best: Best | None = None
+    source: Source | None = None
+
+    @property
+    def label(self) -> str:
+        """``own``, ``borrowed from llvm-znver5`` or ``none: rule schedule``."""
+        return "none: rule schedule" if self.source is None else self.source.label
+
+
+def block_uses(target, blocks, state: tuple | None = None) -> tuple[Use, ...]:
+    """For each kernel GEMM block (a ``GemmBlock`` with symbolic sizes, in the order given)
+    the record it takes: the best of the matching tasks in the first of :func:`sources` that
+    has one (so a block lacking a record of the target's own key takes the borrowed key's),
+    preferring the task tuned at the largest size (``M*K``). ``state``: the :func:`stamp` to
+    read (default: as it is now)."""
+    chosen: dict[str, Use] = {}
+    for source, file_stamp in stamp(target) if state is None else state:
+        found = {} if file_stamp is None else _load(file_stamp, source.key)[0]
         for block in blocks:
             matches = [b for t, b in found.items() if t.matches(block)]
             if matches and block.name not in chosen:
-                chosen[block.name] = max(matches, key=lambda b: (b.task.M * b.task.K, -b.seconds))
-    return chosen
+                best = max(matches, key=lambda b: (b.task.M * b.task.K, -b.seconds))
+                chosen[block.name] = Use(block.name, best, source)
+    return tuple(chosen.get(block.name, Use(block.name)) for block in blocks)
+
+
+def tuned_blocks(target, blocks, state: tuple | None = None) -> dict[str, Best]:
+    """The record of each kernel GEMM block that has one (see :func:`block_uses`)."""
+    return {u.block: u.best for u in block_uses(target, blocks, state) if u.best is not None}
+
+
+def uses_table(rows, headers=("op", "dtype"), width: int = 100) -> str:
+    """Plain text: for each row ``(cells, uses)`` (``cells`` under ``headers``; ``uses`` pairs
+    ``(block, label)``, the label a :attr:`Use.label`) a line per label, own records first,
+    then borrowed ones, then the rule-based schedule, with the cells and the blocks that take
+    it (wrapped to ``width`` columns). Lines start with the label, never with a cell."""
+    groups = [(tuple(map(str, cells)), _by_label(uses)) for cells, uses in rows]
+    widths = [max([len("records")] + [len(label) for _, g in groups for label in g])]
+    widths += [max([len(h)] + [len(c[k]) for c, _ in groups]) for k, h in enumerate(headers)]
+    wrap = max(width - sum(widths) - 2 * len(widths), 24)
+    lines = []
+    for cells, by_label in groups:
+        for label, names in by_label.items():
+            text = textwrap.wrap(", ".join(names), wrap, break_on_hyphens=False) or ["-"]
+            lines += [[label, *cells, text[0]]] + [["", *("",) * len(cells), t] for t in text[1:]]
+    widths.append(max([len("blocks")] + [len(line[-1]) for line in lines]))
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip()
+                     for line in [["records", *headers, "blocks"], ["-" * w for w in widths],
+                                  *lines])
+
+
+def _by_label(uses) -> dict[str, list[str]]:
+    """The blocks of ``uses`` (pairs ``(block, label)``) by label, own records first."""
+    rank = {"own": 0, "borrowed": 1}
+    found: dict[str, list[str]] = {}
+    for block, label in sorted(uses, key=lambda u: rank.get(u[1].split()[0], 2)):
+        found.setdefault(label, []).append(block)
+    return found or {"no GEMM block": []}
 
 
 def trace_to_json(trace) -> str:

@@ -8,8 +8,9 @@ measurement to a free server of that key. Candidates are compiled here into shar
 A session checks first that the tracker answers and holds a server of the key, within a
 bounded wait, and fails with one error naming both otherwise, before anything is written. A
 server that dies mid-session fails the candidates it held (MetaSchedule records them with its
-failure time, see :func:`lstm_tvm.tuning.database.failed`), and the remaining servers carry on; with none left,
-each measurement fails at once instead of waiting for a server that will not come.
+failure time, see :func:`lstm_tvm.tuning.database.failed`), and the remaining servers carry on;
+with none left, each measurement fails at once instead of waiting for a server that will not
+come.
 """
 
 from __future__ import annotations

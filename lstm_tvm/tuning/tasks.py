@@ -32,7 +32,8 @@ def _multiple(extent) -> int:
     return next((m for m in (K_SLAB, PANEL, ROW_TILE, 6, 2) if divides(m, extent)), 1)
 
 
-def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict) -> list[GemmBlock]:
+def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int,
+                 attrs: dict) -> list[GemmBlock]:
     """The GEMM blocks of a kernel built with symbolic ``T`` and ``B``."""
     with capture_gemms() as found:
         kernel_func(op, dtype, input_size, cell_size, attrs)
