@@ -1,10 +1,16 @@
 """Sphinx configuration of lstm_tvm's documentation (MyST Markdown pages, NumPy docstrings).
 
 Build: ``python -m sphinx -W -b html docs docs/_build/html`` (the ``docs`` extra); the tests
-run the same build with warnings as errors (``tests/test_docs.py``).
+run the same build with warnings as errors (``tests/test_docs.py``). The performance page's
+results are made from ``docs/performance/*.json`` by the local extension ``_ext/perf_page.py``.
 """
 
+import sys
+from pathlib import Path
+
 import lstm_tvm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "_ext"))
 
 project = "lstm_tvm"
 author = "the lstm_tvm authors"
@@ -16,10 +22,11 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinx_click",
+    "perf_page",
 ]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_generated"]
 myst_enable_extensions = ["colon_fence"]
 myst_heading_anchors = 3
 

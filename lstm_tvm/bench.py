@@ -23,29 +23,36 @@ What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones)
 - NumPy: float32 ``matmul`` of ``(T*B, I+H) x (I+H, 4H)`` (once forward, twice backward: the
   case's FLOPs), whatever ``--dtype``; ``cell bwd (gates only)`` has no GEMM, so its roofline is
   a copy moving the case's bytes.
+
+The report (``--json``) holds every row and, in ``meta``, the machine, the package versions,
+the date and the command that repeats the run; :mod:`lstm_tvm.bench_report` prints it and
+makes the documentation's performance page from it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
+import shlex
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 from . import bench_peers as peers
-from ._cli_common import format_table, parse_shapes
+from ._cli_common import parse_shapes
 from .env import usable_cores
 from .registry import forget_bias_of, get_op
 
-__all__ = ["DEFAULT_SHAPES", "LATENCY_SHAPES", "run", "render", "parse_shapes", "case_ops",
-           "case_flops", "case_bytes"]
+__all__ = ["DEFAULT_SHAPES", "LATENCY_SHAPES", "run", "parse_shapes", "case_ops", "case_flops",
+           "case_bytes", "command_line"]
 
 DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
 #: ``lstm-tvm bench --latency``: deployment batch sizes, and a tiny op for per-call overhead.
@@ -126,12 +133,27 @@ def describe_machine(m: dict) -> str:
 def versions() -> dict:
     """Installed versions of the measured packages (None when missing), without importing them."""
     out = {}
-    for dist in ("lstm-tvm", "apache-tvm", "tensorflow-cpu", "tensorflow", "torch", "numpy"):
+    for dist in ("lstm-tvm", "apache-tvm", "tensorflow-cpu", "tensorflow", "torch", "onnxruntime",
+                 "numpy"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = None
     return out
+
+
+def command_line(opts: dict) -> str:
+    """The ``lstm-tvm bench`` command that repeats a run of ``opts``: every option that changes
+    the figures spelled out, ``--threads`` only where it is not all usable cores, no ``--json``."""
+    shapes = ",".join("x".join(map(str, s)) for s in opts["shapes"])
+    words = ["lstm-tvm", "bench", "--shapes", shapes, "--cases", ",".join(opts["cases"]),
+             "--only", ",".join(opts["only"]), "--dtype", opts["dtype"],
+             "--repeat", str(opts["repeat"]), "--warmup", str(opts["warmup"]),
+             "--isolate", opts["isolate"], "--isa", opts.get("isa", "native"),
+             "--seed", str(opts["seed"])]
+    words += ["--threads", str(opts["threads"])] * (opts["threads"] != usable_cores())
+    words += ["--v2"] * bool(opts["v2"]) + ["--no-cache"] * bool(opts["no_cache"])
+    return shlex.join(words)
 
 
 # --- planning -----------------------------------------------------------------------------------
@@ -223,6 +245,7 @@ def run(opts: dict) -> dict:
     from tqdm import tqdm
 
     start, load = time.perf_counter(), [os.getloadavg()[0]]
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     env = worker_env(opts["threads"], opts.get("isa", "native"))
     with tempfile.TemporaryDirectory(prefix="lstm-tvm-bench-") as tmp:
         folder = Path(tmp)
@@ -244,7 +267,9 @@ def run(opts: dict) -> dict:
                 impls=opts["only"], machine=machine(), versions=versions(),
                 sequence_ops=list(case_ops("seq_fwd", opts["v2"]) + case_ops("seq_bwd",
                                                                              opts["v2"])),
-                load_avg=load + [os.getloadavg()[0]], wall_s=time.perf_counter() - start)
+                load_avg=load + [os.getloadavg()[0]], wall_s=time.perf_counter() - start,
+                python=platform.python_version(), date=date,
+                command=command_line(opts))
     return {"meta": meta, "results": aggregate(results, opts)}
 
 
@@ -275,46 +300,3 @@ def aggregate(results: list[dict], opts: dict) -> list[dict]:
         kernel = ms.get((tuple(r["shape"]), r["case"], "lstm_tvm"))
         r["over_kernel"] = t / kernel if r["impl"] == "raw_ops" and t and kernel else None
     return rows
-
-
-def _num(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def render(report: dict) -> str:
-    """The header lines, the table and the notes, as printed."""
-
-    meta, rows = report["meta"], report["results"]
-    m, v = meta["machine"], meta["versions"]
-    head = (f"threads {meta['threads']}, repeat {meta['repeat']} (medians), warmup "
-            f"{meta['warmup']}, dtype {meta['dtype']}, isolate {meta['isolate']}, isa "
-            f"{meta.get('isa', 'native')}, machine: "
-            f"{describe_machine(m)}, load avg {meta['load_avg'][0]:.2f} -> "
-            f"{meta['load_avg'][1]:.2f} (1 min, whole machine)")
-    vers = ", ".join(f"{k} {val}" for k, val in v.items() if val)
-    table = format_table(
-        ("shape TxBxIxH", "case", "impl", "median ms", "min ms", "GFLOP/s", "GB/s", "peak MiB",
-         "vs TF", "vs torch", "vs ORT", "vs roofline", "compile s", "timed"),
-        [("x".join(map(str, r["shape"])), r["label"], r["impl"],
-          _num(r.get("median_ms"), ".3f") if r["status"] == "ok" else r["status"],
-          _num(min(r["times_ms"]) if r["status"] == "ok" else None, ".3f"),
-          _num(r["gflops"], ".1f"), _num(r["gbs"], ".2f"), _num(r.get("peak_mib"), ".1f"),
-          _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"), _num(r["vs_ORT"], ".2f"),
-          _num(r["vs_roofline"], ".2f"),
-          _num(r.get("compile_s"), ".2f") + ("*" if r.get("cached") else ""),
-          r.get("what", "-")) for r in rows], right=range(3, 13))
-    notes = ["vs X = X's median time / this row's median (> 1: this row is faster); vs TF, "
-             "torch and ORT on lstm_tvm, bound and raw_ops rows; roofline = NumPy float32 GEMM "
-             "of the same FLOPs. lstm_tvm = CompiledOp on TVM tensors with out=; bound = the "
-             "same with w bound (CompiledOp.bind: packed once, as ORT's initializers); raw_ops = "
-             "lstm_tvm.raw_ops on NumPy arrays, TF and PyTorch imported in its process; ORT = "
-             "ONNX Runtime's built-in LSTM op.",
-             "min ms far below median ms: the calls were disturbed (other load on the cores).",
-             "GB/s (cell cases) = bytes of all op inputs+outputs / time; peak MiB = RSS "
-             "high-water growth during the calls; compile s * = loaded from the disk cache."]
-    notes += [f"raw_ops / CompiledOp {r['label']} {'x'.join(map(str, r['shape']))}: "
-              f"{r['over_kernel']:.3f} ({r['median_ms'] * 1e3:.1f} us per call)"
-              for r in rows if r.get("over_kernel")]
-    notes += [f"{r['impl']} {r['label']} {'x'.join(map(str, r['shape']))}: {r['status']}: "
-              f"{r.get('error', '')}" for r in rows if r["status"] != "ok"]
-    return "\n".join([head, vers, "", table, ""] + notes + [f"wall time: {meta['wall_s']:.1f} s"])

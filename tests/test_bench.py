@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import platform
+import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from click.testing import CliRunner
 
-from lstm_tvm import _tvm, bench, bench_peers
+from lstm_tvm import _tvm, bench, bench_peers, bench_report
 from lstm_tvm.tuning import database
 from lstm_tvm.cli import main
 
@@ -61,6 +65,35 @@ def test_every_case_and_impl(tmp_path):
     assert meta["machine"]["mcpu"] == _tvm.host_cpu()
     assert f"records key {database.target_key(target)}" in output
     assert f"LLVM mcpu {_tvm.host_cpu()}" in output
+    # what the performance page shows of a machine, and the command that repeats the run
+    assert meta["versions"]["apache-tvm"] == importlib.metadata.version("apache-tvm")
+    assert "onnxruntime" in meta["versions"] and meta["python"] == platform.python_version()
+    assert abs(datetime.fromisoformat(meta["date"]) - datetime.now(timezone.utc)) < timedelta(
+        hours=1)
+    assert meta["command"].startswith("lstm-tvm bench --shapes 4x2x8x8 --cases seq_fwd,")
+    assert "--repeat 1 --warmup 0 --isolate impl" in meta["command"]
+
+
+def test_default_output_fits_100_columns_and_wide_has_every_column(tmp_path):
+    """The compact table: every line at most 100 columns, no n/a rows, the ratios of the
+    report; ``--wide``: every column, as the report (``--json``) holds it."""
+    output, data = _invoke(tmp_path, "--only", "lstm_tvm,ort,numpy", "--cases",
+                           "seq_fwd,cell_bwd")
+    lines = output.splitlines()
+    assert max(map(len, lines)) <= bench_report.WIDTH, max(lines, key=len)
+    rows = [line.split() for line in lines if line.startswith("4x2x8x8 ")]
+    assert len(rows) == 5  # ort's cell bwd is n/a: not a row, a note
+    assert "Not shown (n/a): ort cell bwd gates (ONNX's LSTM is a sequence forward op)" \
+        in output.replace("\n  ", " ")
+    mine = next(r for r in data["results"] if (r["impl"], r["case"]) == ("lstm_tvm", "seq_fwd"))
+    row = next(r for r in rows if r[:4] == ["4x2x8x8", "seq", "fwd", "lstm_tvm"])
+    assert row[4] == f"{mine['median_ms']:.3f}" and row[-1] == f"{mine['vs_roofline']:.2f}"
+    result = CliRunner().invoke(main, ["bench", *TINY, "--only", "lstm_tvm,ort", "--cases",
+                                       "cell_bwd", "--wide"])
+    assert result.exit_code == 0, result.output
+    assert "peak MiB" in result.output and "compile s" in result.output
+    assert "LSTMBlockCellGrad (CompiledOp, out=)" in result.output  # what was timed
+    assert re.search(r"cell bwd \(gates only\)\s+ort\s+n/a", result.output)  # n/a rows too
 
 
 def test_missing_peers_are_reported(tmp_path, monkeypatch):
@@ -73,7 +106,9 @@ def test_missing_peers_are_reported(tmp_path, monkeypatch):
     assert rows["cell_bwd", "torch"]["status"] == "n/a"  # no gates-only op in PyTorch
     assert rows["seq_bwd", "numpy"]["status"] == "ok"  # default --isolate case: one worker each
     assert rows["cell_bwd", "numpy"]["median_ms"] > 0
-    assert output.count("not installed") >= 4  # two table rows and two notes
+    assert output.count("not installed") >= 3  # a note per row, whose table cell says missing
+    assert sum("missing" in line.split() for line in output.splitlines()
+               if line.startswith("4x2x8x8 ")) == 3
     assert rows["seq_bwd", "tf"]["vs_roofline"] is None
 
 
@@ -130,7 +165,7 @@ def test_latency_preset_runs_the_deployment_shapes(tmp_path, monkeypatch):
     captured = {}
     monkeypatch.setattr("lstm_tvm.cli.bench.run",
                         lambda opts: captured.update(opts) or {"meta": {}, "results": []})
-    monkeypatch.setattr("lstm_tvm.cli.bench.render", lambda report: "")
+    monkeypatch.setattr("lstm_tvm.cli.bench.render", lambda report, wide: "")
     result = CliRunner().invoke(main, ["bench", "--latency", "--only", "numpy"])
     assert result.exit_code == 0, result.output
     assert captured["shapes"] == list(bench.LATENCY_SHAPES)

@@ -11,7 +11,8 @@ import click
 
 from .. import bench_peers as peers
 from .._cli_common import parse_shapes, split_choices
-from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, render, run
+from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, run
+from ..bench_report import WIDTH, render
 from ..env import usable_cores
 from ..registry import DTYPES
 
@@ -41,6 +42,9 @@ __all__ = ["command"]
 @click.option("--seed", default=0, show_default=True, help="Seed of the inputs.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the results as JSON to this file.")
+@click.option("--wide", is_flag=True,
+              help=f"Print every column (min ms, GB/s, peak MiB, compile s, what was timed) "
+                   f"and the n/a rows; by default the output fits {WIDTH} columns.")
 @click.option("--isa", type=click.Choice(list(ISAS)), default="native", show_default=True,
               help="avx2: lstm_tvm builds for an AVX2-only x86 (x86-64-v3) and PyTorch is "
                    "capped at AVX2 (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY), on this machine.")
@@ -49,13 +53,15 @@ __all__ = ["command"]
                                                           for s in LATENCY_SHAPES)
                    + " (T=100, B=1/4/8, I=H=256/512, and a tiny op for per-call overhead) "
                    "unless --shapes is given.")
-def command(shapes, only, cases, json_path, latency, **opts):
+def command(shapes, only, cases, json_path, latency, wide, **opts):
     """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
 
     One worker process per implementation and case (--isolate case) times the median of
-    --repeat calls and measures the peak extra RSS; the table shows medians, GFLOP/s, GB/s
-    (cell cases), peak MiB and lstm_tvm's speed ratios. Peers that are not installed are
-    reported as such. Exits with status 1 if an lstm_tvm case did not run.
+    --repeat calls and measures the peak extra RSS; the table shows medians, GFLOP/s and
+    lstm_tvm's speed ratios (--wide adds min ms, GB/s, peak MiB, compile s and what was timed;
+    --json writes every figure with the machine, the versions, the date and the command).
+    Peers that are not installed are reported as such. Exits with status 1 if an lstm_tvm case
+    did not run.
     """
     if latency and shapes == ",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES):
         shapes = ",".join("x".join(map(str, s)) for s in LATENCY_SHAPES)
@@ -66,7 +72,7 @@ def command(shapes, only, cases, json_path, latency, **opts):
     opts["only"] = split_choices(only, peers.IMPLS, "--only")
     opts["cases"] = split_choices(cases, peers.CASES, "--cases")
     report = run(opts)
-    click.echo(render(report))
+    click.echo(render(report, wide=wide))
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
     if any(r["impl"] == "lstm_tvm" and r["status"] != "ok" for r in report["results"]):
