@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .raw_ops import _to_numpy, run
-from .registry import CELL_GRAD_MATMUL, HELPERS, OPS, OpSpec
+from .registry import HELPERS, OPS, OpSpec
 from .validation import expected_output_shapes, validate_attrs, validate_inputs
 
 __all__ = ["GradRoute", "differentiable_outputs", "forward_ops", "grad_route", "gradients",
@@ -77,7 +77,7 @@ def grad_route(op_name: str) -> GradRoute:
     floats = [t.name for t in fwd.inputs if t.dtype == "T"]
     from_grad = {n: n + _GRAD for n in floats if n + _GRAD in grad.output_names}
     rest = [n for n in floats if n not in from_grad]
-    matmul = HELPERS[CELL_GRAD_MATMUL] if rest else None
+    matmul = next(op for op in HELPERS.values() if op.pair == fwd.name) if rest else None
     matmul_sources, from_matmul = (), {}
     if matmul is not None:
         matmul_sources = tuple(("input", n) if n in fwd.input_names else ("grad", n)

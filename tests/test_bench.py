@@ -197,3 +197,24 @@ def test_cuda_bench_runs_its_comparison_on_the_cpu():
     assert [r["case"] for r in rows] == ["seq_fwd", "seq_bwd"]
     assert rows[0]["h_max_diff"] < 1e-5 and rows[1]["x_grad_max_diff"] < 1e-5
     assert all(r["lstm_tvm_ms"] > 0 and r["cudnn_ms"] > 0 for r in rows)
+
+
+def test_training_step_bench_runs_each_route_in_its_own_process(tmp_path):
+    """``lstm-tvm bench --training`` at a tiny shape: every installed route runs, the table
+    fits 100 columns, and the ratios are the JSON's medians divided."""
+    pytest.importorskip("tensorflow", reason="the TF routes")
+    report_path = tmp_path / "train.json"
+    result = CliRunner().invoke(main, ["bench", "--training", "--shapes", "6x2x8x8",
+                                       "--repeat", "3", "--json", str(report_path)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(report_path.read_text())
+    rows = {r["impl"]: r for r in report["results"]}
+    assert set(rows) == {"kernels", "lstm_tvm.torch", "torch", "lstm_tvm.tf", "tf"}
+    for impl in ("kernels", "lstm_tvm.tf", "tf"):
+        assert rows[impl]["status"] == "ok" and rows[impl]["median_ms"] > 0, rows[impl]
+    assert report["meta"]["machine"]["records_key"] and report["meta"]["repeat"] == 3
+    lines = result.output.splitlines()
+    assert lines[0].startswith("machine: ") and max(map(len, lines)) <= 100
+    ours = next(line for line in lines if " lstm_tvm.tf " in line).split()
+    want = rows["tf"]["median_ms"] / rows["lstm_tvm.tf"]["median_ms"]
+    assert ours[3] == f"{want:.2f}"

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: Optional modules: a page importing a missing one skips.
-OPTIONAL = ("tensorflow", "tf2onnx", "onnxruntime", "onnxruntime_extensions")
+OPTIONAL = ("tensorflow", "tf2onnx", "onnxruntime", "onnxruntime_extensions", "torch",
+            "onnxscript")
 
 
 def _pages_in_order() -> list[Path]:

@@ -20,7 +20,7 @@ from lstm_tvm import reference, testing
 README = Path(__file__).resolve().parents[1] / "README.md"
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 #: Optional modules: a block importing a missing one skips.
-OPTIONAL = ("tensorflow", "tf2onnx", "onnxruntime", "onnxruntime_extensions")
+OPTIONAL = ("tensorflow", "tf2onnx", "onnxruntime", "onnxruntime_extensions", "torch")
 
 
 def _id(block: str) -> str:
@@ -79,6 +79,22 @@ def _check_tf(ns):
     testing.assert_close(ns["dw"].numpy(), ref["w_grad"], "float32", "w_grad")
 
 
+def _check_torch(ns):
+    lstm, x = ns["lstm"], ns["x"].numpy()
+    weights = lstm.tf_weights()
+    T, B, _ = x.shape
+    H = weights["wci"].shape[0]
+    inputs = {"seq_len_max": T, "x": x, "cs_prev": np.zeros((B, H), np.float32),
+              "h_prev": np.zeros((B, H), np.float32), **weights}
+    attrs = {"use_peephole": True, "forget_bias": 1.0, "cell_clip": -1.0}
+    fwd = reference.run("BlockLSTM", inputs, attrs)
+    testing.assert_close(ns["output"].detach().numpy(), fwd["h"], "float32", "output")
+    ref = reference.run("BlockLSTMGrad", {**inputs, **fwd, "cs_grad": np.zeros_like(fwd["cs"]),
+                                          "h_grad": np.ones_like(fwd["h"])},
+                        {"use_peephole": True})
+    testing.assert_close(lstm.w_l0.grad.numpy(), ref["w_grad"], "float32", "w_grad")
+
+
 #: A line of the block -> the check of its results.
 CHECKS = {
     "fwd = raw_ops.BlockLSTM(**inputs)": _check_raw_ops,
@@ -88,6 +104,7 @@ CHECKS = {
     "mod = lstm_tvm.relax.from_onnx(model)": _check_relax,
     "autodiff.vjp(": _check_autodiff,
     "out = ltf.BlockLSTMV2(": _check_tf,
+    "output, (h_n, c_n) = lstm(x)": _check_torch,
 }
 
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import click
 
 from .. import bench_peers as peers
+from .. import bench_train
 from .._cli_common import parse_shapes, split_choices
 from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, run
+from ..bench_train import DEFAULT_SHAPES as TRAINING_SHAPES
 from ..bench_report import WIDTH, render
 from ..env import usable_cores
 from ..registry import DTYPES
@@ -53,7 +55,12 @@ __all__ = ["command"]
                                                           for s in LATENCY_SHAPES)
                    + " (T=100, B=1/4/8, I=H=256/512, and a tiny op for per-call overhead) "
                    "unless --shapes is given.")
-def command(shapes, only, cases, json_path, latency, wide, **opts):
+@click.option("--training", is_flag=True,
+              help="A training step (forward + backward) through lstm_tvm.torch and "
+                   "lstm_tvm.tf against nn.LSTM and TF's BlockLSTM, and the bare kernels: "
+                   "shapes " + ",".join("x".join(map(str, s)) for s in TRAINING_SHAPES)
+                   + " unless --shapes is given (--only, --cases and --dtype do not apply).")
+def command(shapes, only, cases, json_path, latency, wide, training, **opts):
     """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
 
     One worker process per implementation and case (--isolate case) times the median of
@@ -63,12 +70,25 @@ def command(shapes, only, cases, json_path, latency, wide, **opts):
     Peers that are not installed are reported as such. Exits with status 1 if an lstm_tvm case
     did not run.
     """
-    if latency and shapes == ",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES):
-        shapes = ",".join("x".join(map(str, s)) for s in LATENCY_SHAPES)
+    default = shapes == ",".join("x".join(map(str, s)) for s in DEFAULT_SHAPES)
+    if default and (latency or training):
+        shapes = ",".join("x".join(map(str, s)) for s in (TRAINING_SHAPES if training
+                                                            else LATENCY_SHAPES))
     try:
         opts["shapes"] = parse_shapes(shapes)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--shapes") from None
+    if training:
+        report = bench_train.run(opts["shapes"], threads=opts["threads"],
+                                 warmup=max(opts["warmup"], 1), repeat=opts["repeat"],
+                                 timeout=opts["timeout"])
+        click.echo(bench_train.render(report))
+        if json_path is not None:
+            json_path.write_text(json.dumps(report, indent=2) + "\n")
+        failed = [r for r in report["results"] if r["impl"] in ("kernels", "lstm_tvm.torch",
+                                                                "lstm_tvm.tf")
+                  and r["status"] not in ("ok", "not installed")]
+        sys.exit(1 if failed else 0)
     opts["only"] = split_choices(only, peers.IMPLS, "--only")
     opts["cases"] = split_choices(cases, peers.CASES, "--cases")
     report = run(opts)

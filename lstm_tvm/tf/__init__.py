@@ -26,7 +26,8 @@ same message).
 
 from __future__ import annotations
 
-from ..registry import CELL_GRAD_MATMUL, OPS
+from ..autodiff import grad_route
+from ..registry import OPS
 from ._ops import make_op
 
 __all__ = [*OPS, "cell_grad_matmul"]
@@ -34,7 +35,7 @@ __all__ = [*OPS, "cell_grad_matmul"]
 for _name in OPS:
     globals()[_name] = make_op(_name)
 
-_matmul = make_op(CELL_GRAD_MATMUL)
+_matmul = make_op(grad_route("LSTMBlockCell").matmul.name)
 
 
 def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm", name=None):
