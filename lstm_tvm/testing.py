@@ -215,6 +215,44 @@ def fd_gradient(loss, params: dict, name: str, eps: float = 1e-6) -> np.ndarray:
     return grad
 
 
+def reference_loss_gradients(op_name: str, inputs: Mapping[str, object],
+                             attrs: Mapping[str, object] | None, weights: Mapping[str, object],
+                             names) -> dict[str, np.ndarray]:
+    """Central differences (:func:`fd_gradient`) of ``sum_k sum(out[k] * weights[k])``, ``out``
+    the float64 reference's outputs of ``op_name``, with respect to each input in ``names``."""
+    w64 = {k: np.asarray(w, np.float64) for k, w in weights.items()}
+    params = {n: np.asarray(inputs[n], np.float64).copy() for n in names}
+    fixed = {k: v for k, v in inputs.items() if k not in params}
+
+    def loss(p):
+        out = reference.run(op_name, {**fixed, **p}, attrs)
+        return float(sum((out[k] * w64[k]).sum() for k in w64))
+
+    return {n: fd_gradient(loss, params, n) for n in names}
+
+
+def commit_sampled_records(db, target, tasks, seed: int) -> None:
+    """Commit to MetaSchedule database ``db`` one real record per tuning task of ``tasks`` for
+    ``target``: a schedule sampled from the task's design space, built for this host and timed
+    once here (so that records filed under any CPU's key can be made on any CPU)."""
+    from ._tvm import Schedule, resolve_target, tvm
+    from .tuning import space
+    from .tuning import tasks as task_mod
+
+    dev = tvm.cpu()
+    meta_schedule = tvm.s_tir.meta_schedule
+    for i, task in enumerate(tasks):
+        mod = task_mod.workload(task)
+        design = space.designs(task, Schedule(mod, seed=seed + i + 1))
+        sch = design[(seed + i) % len(design)]
+        lib = tvm.compile(sch.mod, target=resolve_target())
+        infos = meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
+        args = [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
+        secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
+        db.commit_tuning_record(meta_schedule.database.TuningRecord(
+            sch.trace, db.commit_workload(mod), [secs], target, infos))
+
+
 def allocations(func) -> list:
     """Every buffer a PrimFunc allocates (``AllocBuffer`` statements and blocks' allocation
     lists)."""

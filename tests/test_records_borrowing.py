@@ -16,9 +16,9 @@ import pytest
 import tvm_ffi
 from click.testing import CliRunner
 
-from lstm_tvm import build, cli, env
+from lstm_tvm import build, cli, env, testing
 from lstm_tvm._tvm import Schedule, resolve_target, tvm
-from lstm_tvm.tuning import collect_tasks, database, space
+from lstm_tvm.tuning import collect_tasks, database
 from lstm_tvm.registry import get_op
 from lstm_tvm.tuning import tasks as task_mod
 from lstm_tvm.validation import plain_attrs
@@ -183,22 +183,6 @@ def _compatible_cpu(host):
     pytest.skip(f"no CPU among {_CPUS} shares this host's ISA class ({database.isa_class(host)})")
 
 
-def _commit_sampled(db, target, task_list, seed):
-    """One record per task for ``target``: a schedule sampled from the task's space, built for
-    and timed on this host (so that records of a compatible CPU can be made here)."""
-    dev = tvm.cpu()
-    for i, task in enumerate(task_list):
-        mod = task_mod.workload(task)
-        design = space.designs(task, Schedule(mod, seed=seed + i + 1))
-        sch = design[(seed + i) % len(design)]
-        lib = tvm.compile(sch.mod, target=resolve_target())
-        infos = tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
-        args = [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
-        secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
-        db.commit_tuning_record(tvm.s_tir.meta_schedule.database.TuningRecord(
-            sch.trace, db.commit_workload(mod), [secs], target, infos))
-
-
 def test_build_summary_names_each_blocks_records(tmp_path, monkeypatch):
     """``lstm-tvm build`` on this host, which owns records for one op and borrows a compatible
     CPU's for the other: every case passes against the reference, and the summary and the JSON
@@ -213,11 +197,11 @@ def test_build_summary_names_each_blocks_records(tmp_path, monkeypatch):
     build.clear_memory_cache()
     shape = (4, 8, 8, 8)  # T, B, I, H
     both = collect_tasks(["BlockLSTMV2", "BlockLSTMGradV2"], ["float32"], [shape], host)
-    _commit_sampled(database.open_database(database.database_dir(donor), create=True), donor,
-                    both, 0)
+    testing.commit_sampled_records(
+        database.open_database(database.database_dir(donor), create=True), donor, both, 0)
     grad_only = collect_tasks(["BlockLSTMGradV2"], ["float32"], [shape], host)
-    _commit_sampled(database.open_database(database.database_dir(host), create=True), host,
-                    grad_only, 3)
+    testing.commit_sampled_records(
+        database.open_database(database.database_dir(host), create=True), host, grad_only, 3)
     report = tmp_path / "build.json"
     result = CliRunner().invoke(cli.main, [
         "build", "--ops", "BlockLSTMV2,BlockLSTMGradV2", "--dtype", "float32", "--peephole",

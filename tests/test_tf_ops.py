@@ -120,16 +120,10 @@ def test_block_lstm_v2_gradients_match_finite_differences(peephole):
     attrs["cell_clip"] = 0.0  # the clip is not differentiated: keep the reference smooth
     weights = _loss_weights(lambda n: (T, B, H))
     got = _tape_gradients(ltf.BlockLSTMV2, inputs, attrs, weights, graph=False)
-    w64 = {n: w.numpy().astype(np.float64) for n, w in weights.items()}
-    params = {n: inputs[n].astype(np.float64) for n in FLOATS}
-
-    def loss(p):
-        out = reference.run("BlockLSTMV2", {"seq_len_max": inputs["seq_len_max"], **p}, attrs)
-        return float(sum((out[k] * w64[k]).sum() for k in w64))
-
+    want = testing.reference_loss_gradients(
+        "BlockLSTMV2", inputs, attrs, {n: w.numpy() for n, w in weights.items()}, FLOATS)
     for name in FLOATS:
-        want = testing.fd_gradient(loss, params, name)
-        testing.assert_close(got[name], want, "float32", f"BlockLSTMV2 d/d{name}")
+        testing.assert_close(got[name], want[name], "float32", f"BlockLSTMV2 d/d{name}")
 
 
 def test_static_shapes_and_trace_time_checks():

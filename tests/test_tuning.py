@@ -18,11 +18,12 @@ from click.testing import CliRunner
 
 import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
-from lstm_tvm._tvm import Schedule, resolve_target, tvm
+from lstm_tvm._tvm import Schedule, resolve_target
 from lstm_tvm.kernels._builder import SHORT_ROWS
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.tuning import collect_tasks, database, space
+from lstm_tvm.testing import commit_sampled_records as _commit_sampled_records
 from lstm_tvm.tuning import tasks as task_mod
 
 SEQ_OPS = ("BlockLSTM", "BlockLSTMV2", "BlockLSTMGrad", "BlockLSTMGradV2")
@@ -99,22 +100,6 @@ def test_tune_command_writes_database_resumes_and_is_applied(schedules):
     assert [name for name, _, _ in spec.tuned] == ["gates"]
     _check_against_reference("LSTMBlockCell", 4, 4, [(None, 5), (None, 13)],
                              {"use_peephole": False})
-
-
-def _commit_sampled_records(db, target, task_list, seed):
-    """One record per task for ``target``: a schedule sampled from the task's space, timed here
-    (built for this CPU, so that records of any CPU can be made on any)."""
-    dev = tvm.cpu()
-    for i, task in enumerate(task_list):
-        mod = task_mod.workload(task)
-        design = space.designs(task, Schedule(mod, seed=seed + i + 1))
-        sch = design[(seed + i) % len(design)]
-        lib = tvm.compile(sch.mod, target=resolve_target())
-        infos = tvm.s_tir.meta_schedule.arg_info.ArgInfo.from_prim_func(mod["main"])
-        args = [tvm.runtime.empty([int(d) for d in a.shape], str(a.dtype), dev) for a in infos]
-        secs = lib.mod.time_evaluator("main", dev, number=1, repeat=1)(*args).mean
-        db.commit_tuning_record(tvm.s_tir.meta_schedule.database.TuningRecord(
-            sch.trace, db.commit_workload(mod), [secs], target, infos))
 
 
 @pytest.mark.parametrize("seed", [0, 5])
