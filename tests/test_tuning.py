@@ -19,6 +19,7 @@ from click.testing import CliRunner
 import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
 from lstm_tvm._tvm import Schedule, resolve_target, tvm
+from lstm_tvm.kernels import KernelVariant
 from lstm_tvm.kernels._builder import SHORT_ROWS
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.schedule.traits import cpu_traits
@@ -264,14 +265,16 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
                               ("BlockLSTMGrad", {"dh", "dh_rows", "dh" + short, "w_grad",
                                                  "w_grad_tail"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
-        blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs)
+        blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs,
+                                       KernelVariant())
         assert {b.name for b in blocks if b.per_step} == in_loops
         for name in (n for n in in_loops if not n.endswith("_short")):
             # one row runs *_rows, SHORT_ROWS rows *_rows4; w_grad_tail the 120 rows that
             # chunks of 128 leave of 4 x 62, rounded up to 128
             batch = (1 if name.endswith("_rows") else SHORT_ROWS if name.endswith(short)
                      else 62 if name == "w_grad_tail" else 64)
-            tasks = task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, batch)
+            tasks = task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, batch,
+                                       KernelVariant())
             assert not any(t.name.endswith("_short") for t in tasks)
             task = next(t for t in tasks if t.name == name)
             assert task.per_step and task.K >= 128 and space.choices(task)["k_block"] == []

@@ -8,15 +8,14 @@ an AVX2-only x86 (``{"kind": "llvm", "mcpu": "haswell"}``), an AVX-512 x86, an A
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 
 from .._tvm import target_arch, tvm
-from ..kernels._builder import cpu_kernels, tile_rows
+from ..kernels.variant import KernelVariant
 
-__all__ = ["CpuTraits", "cpu_traits", "gemm_tile_rows", "kernel_setting"]
+__all__ = ["CpuTraits", "cpu_traits", "gemm_tile_rows", "kernel_variant"]
 
 #: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
 _X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
@@ -90,10 +89,9 @@ def gemm_tile_rows(target) -> int:
     return cpu_traits(target).tile_rows if str(target.kind.name) == "llvm" else 0
 
 
-@contextlib.contextmanager
-def kernel_setting(target):
-    """Build kernels for ``target`` (a ``tvm.target.Target``) inside the ``with``: its CPU
-    versions or not (``kernels._builder.cpu_kernels``), GEMMs cut for its register tile's rows
-    (``kernels._builder.tile_rows``)."""
-    with cpu_kernels(str(target.kind.name) == "llvm"), tile_rows(gemm_tile_rows(target)):
-        yield
+def kernel_variant(target, prepacked: bool = False) -> KernelVariant:
+    """The :class:`~lstm_tvm.kernels.variant.KernelVariant` of ``target``'s kernels (a
+    ``tvm.target.Target``): the CPU form for an ``llvm`` target (GEMMs cut for its register
+    tile's rows, :func:`gemm_tile_rows`), else the GPU form; ``prepacked`` as given."""
+    return KernelVariant(cpu=str(target.kind.name) == "llvm",
+                         gemm_tile_rows=gemm_tile_rows(target), prepacked=prepacked)

@@ -26,7 +26,7 @@ from .. import env
 from ..cross_compile import export_options
 from .._tvm import configure_threads, meta_schedule, resolve_target
 from ..registry import HELPERS, OPS, get_op
-from ..schedule.traits import cpu_traits, kernel_setting
+from ..schedule.traits import cpu_traits, kernel_variant
 from ..validation import plain_attrs
 from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
@@ -64,7 +64,7 @@ class TaskResult:
 def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
     """The distinct GEMM tasks of ``ops`` x ``dtypes`` x ``shapes`` (``(T, B, I, H)`` tuples)
     of the kernels built for ``target`` (whose register tile decides how GEMMs are cut, see
-    :func:`lstm_tvm.schedule.traits.kernel_setting`).
+    :func:`lstm_tvm.schedule.traits.kernel_variant`).
 
     An op brings the helpers computed beside it (same forward op, same direction):
     ``LSTMBlockCellGrad`` brings ``CellGradMatmul``, where a cell gradient's GEMMs live. GEMMs
@@ -76,14 +76,14 @@ def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
                for n in ops):
             names.append(helper.name)
     seen: dict[str, Task] = {}
-    with kernel_setting(resolve_target(target)):
-        for name in names:
-            op = get_op(name)
-            attrs = plain_attrs(op)
-            for dtype in dtypes:
-                for steps, batch, isize, hsize in shapes:
-                    for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch):
-                        seen.setdefault(task.to_json(), task)
+    variant = kernel_variant(resolve_target(target))
+    for name in names:
+        op = get_op(name)
+        attrs = plain_attrs(op)
+        for dtype in dtypes:
+            for steps, batch, isize, hsize in shapes:
+                for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch, variant):
+                    seen.setdefault(task.to_json(), task)
     return list(seen.values())
 
 
