@@ -26,7 +26,7 @@ from ._tvm import build_scope, resolve_target, target_key, tvm
 from .kernels import WEIGHT_PACKS, KernelVariant, kernel_func, pack_func, pack_func_name
 from ._host_arrays import ALIGNMENT
 from .schedule import schedule_for
-from .schedule.traits import gemm_tile_rows, kernel_variant
+from .schedule.traits import kernel_variant
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,18 @@ def _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp)
     from .tuning import database
 
     target = resolve_target(json.loads(target_json))
-    variant = KernelVariant(cpu=True, gemm_tile_rows=gemm_tile_rows(target))
-    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, variant)
+    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, kernel_variant(target))
     return database.block_uses(target, blocks, stamp)
+
+
+def gemm_blocks(spec: BuildSpec) -> tuple:
+    """The GEMM blocks (:class:`~lstm_tvm.kernels._builder.GemmBlock`, symbolic sizes, in
+    kernel order) tuning records are looked up for: those of the form of the kernel that
+    ``spec``'s target builds (:func:`lstm_tvm.schedule.traits.kernel_variant`; a CUDA target's
+    is the GPU form), with its weights in ``w``, as :func:`make_spec` looks records up."""
+    target = resolve_target(json.loads(spec.target))
+    return _gemm_blocks(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.attrs,
+                        kernel_variant(target))
 
 
 @functools.lru_cache(maxsize=256)

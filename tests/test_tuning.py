@@ -14,11 +14,13 @@ import sys
 
 import numpy as np
 import pytest
+import tvm_ffi
 from click.testing import CliRunner
+from tvm.sym import Analyzer
 
 import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
-from lstm_tvm._tvm import Schedule, resolve_target, tvm
+from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx, tvm
 from lstm_tvm.kernels import KernelVariant
 from lstm_tvm.kernels._builder import SHORT_ROWS
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
@@ -281,6 +283,40 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
             block = next(b for b in blocks if b.name == name)
             assert task.matches(block)
             assert not dataclasses.replace(task, per_step=False).matches(block)
+
+
+def _kernel_gemm_extents(func) -> dict:
+    """Name -> ``(M, N, K)`` of the GEMM-shaped blocks of a kernel: reductions over one
+    iterator with two spatial ones."""
+    found = {}
+
+    def visit(block):
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        if kinds == [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+            found[block.name_hint] = tuple(iv.dom.extent for iv in block.iter_vars)
+
+    tvm_ffi.structural_walk(func.body, [(SBlock, visit)])
+    return found
+
+
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTM", "BlockLSTMGrad",
+                                     "CellGradMatmul"])
+def test_cuda_records_are_looked_up_for_the_gpu_kernels_gemms(op_name):
+    """For a CUDA target the tuning records are looked up for the GEMM blocks of the kernel
+    that is built, its GPU form: not those of the CPU form (small-batch versions, cut rows,
+    tail chunks), which a GPU kernel does not have."""
+    attrs = validation.validate_attrs(registry.get_op(op_name),
+                                      testing.op_attrs(op_name, {"use_peephole": True}))
+    spec = build.make_spec(op_name, "float32", 40, 48, attrs,
+                           {"kind": "cuda", "arch": "sm_90"}, tuned=False)
+    assert not spec.variant.cpu
+    built = _kernel_gemm_extents(build.kernel_func(
+        op_name, "float32", 40, 48, dict(spec.attrs), spec.variant))
+    assert [use.block for use in build.record_uses(spec)] == list(built)
+    text = Analyzer().simplify  # the two kernels' T and B are variables of their own
+    for block in build.gemm_blocks(spec):
+        assert ([str(text(e)) for e in (block.M, block.N, block.K)]
+                == [str(text(e)) for e in built[block.name]]), block.name
 
 
 def test_target_keys_name_the_machine():
