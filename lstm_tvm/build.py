@@ -153,7 +153,7 @@ def _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp)
 
 
 def gemm_blocks(spec: BuildSpec) -> tuple:
-    """The GEMM blocks (:class:`~lstm_tvm.kernels._builder.GemmBlock`, symbolic sizes, in
+    """The GEMM blocks (:class:`~lstm_tvm.kernels.contract.GemmBlock`, symbolic sizes, in
     kernel order) tuning records are looked up for: those of the form of the kernel that
     ``spec``'s target builds (:func:`lstm_tvm.schedule.traits.kernel_variant`; a CUDA target's
     is the GPU form), with its weights in ``w``, as :func:`make_spec` looks records up."""

@@ -24,7 +24,7 @@ from lstm_tvm._tvm import (DEFAULT_CUDA_ARCH, SBlock, cuda_arch, nvcc_compile, r
                            target_name)
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels import KernelVariant
-from lstm_tvm.kernels._builder import STEP_BLOCK
+from lstm_tvm.kernels.contract import STEP_BLOCK
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
 

@@ -10,7 +10,7 @@ import tvm_ffi
 from lstm_tvm import build, registry, testing, validation
 from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
 from lstm_tvm.kernels import BUILDERS, KernelVariant
-from lstm_tvm.kernels._builder import STEP_BLOCK, TIME_STEP
+from lstm_tvm.kernels.contract import STEP_BLOCK, TIME_STEP
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.blocks import leaf_blocks
 from lstm_tvm.schedule.cpu import gemm, team

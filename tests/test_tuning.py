@@ -22,7 +22,7 @@ import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
 from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx, tvm
 from lstm_tvm.kernels import KernelVariant
-from lstm_tvm.kernels._builder import SHORT_ROWS
+from lstm_tvm.kernels.contract import SHORT_ROWS
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.tuning import collect_tasks, database, space

@@ -8,7 +8,6 @@ style), with symbolic ``T`` and ``B``. Blocks are named so that schedules can fi
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,78 +15,18 @@ import numpy as np
 from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
+from .contract import (FUSE_GROUP, LOOP_BODY, ONE_THREAD, ONE_THREAD_BELOW, PANEL,
+                       ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW, STEP_BLOCK, TIME_STEP,
+                       TRANSPOSE_TILE, GemmBlock)
+from .tir_analysis import divides, gemm_operand, is_static
 from .variant import KernelVariant
 
-__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "KernelBuilder", "KernelVariant", "LOOP_BODY",
-           "ONE_THREAD", "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS",
-           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "T", "divides", "flat", "is_static",
-           "kernel", "padded", "panel_layout", "sizes_of", "tensor_loads", "uses_var", "zero"]
+__all__ = ["KernelBuilder", "T", "flat", "kernel", "padded", "panel_layout", "sizes_of", "zero"]
 
-#: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
-#: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
-#: checks; their left operand and output are scratch buffers with room for the extra rows.
-ROW_TILE = 8
-#: Columns of a panel (see ``panels``): the register tile's width of GEMMs that read one.
-PANEL = 32
-#: Rows of the source a transposing ``panels`` copy walks per tile (one panel wide).
-TRANSPOSE_TILE = 32
-#: Block annotation of :meth:`KernelBuilder.spatial` blocks in a fusion group (see there).
-FUSE_GROUP = "lstm_tvm.fuse_group"
-#: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
-#: zero past the last row up to this multiple, so a schedule may block the reduction by any
-#: divisor of it without bounds checks.
-K_SLAB = 256
-#: Name of the block that holds one step of a sequence kernel's time loop (``time_loop``;
-#: a second :meth:`KernelBuilder.version` of the loop adds its suffix).
-STEP_BLOCK = "step"
-#: Block annotation of every time step block (of each version).
-TIME_STEP = "lstm_tvm.time_step"
-#: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
-#: :class:`GemmBlock`): a time step, or a chunk of ``row_chunks`` with ``per_step``.
-LOOP_BODY = "lstm_tvm.loop_body"
-#: Block annotation of blocks whose loops stay on the calling thread: those of
-#: ``by_work``'s small versions, and small constant-size blocks (see ``spatial``).
-ONE_THREAD = "lstm_tvm.one_thread"
-#: Work (elements, see ``by_work``) below which blocks run on one thread: a launch of the
-#: thread pool costs more than it saves below it (the cell ops' gate math at H=256 on 2 cores:
-#: one thread is faster up to B=32, ``B * 4H`` = 32768, two from B=64; docs/performance.md).
-ONE_THREAD_BELOW = 65536
 
 def zero(dtype: str = ACC):
     """The constant 0 of ``dtype``."""
     return tirx.const(0, dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class GemmBlock:
-    """What one GEMM block computes, as seen by tuning: its name, ``M x N x K`` extents (with
-    ``seq_len_max`` bound to ``T`` in a kernel of constant sizes,
-    :attr:`KernelVariant.fixed_sizes`), and each operand's layout (``"mk"``/``"km"`` for
-    ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the contiguous axis; ``"kp"`` for
-    a ``b`` stored as :meth:`KernelBuilder.panels`) and storage dtype; ``per_step``: the block
-    runs once per iteration of a serial loop, a step of a :meth:`KernelBuilder.time_loop` or a
-    chunk of :meth:`KernelBuilder.row_chunks` (``per_step``): cutting its reduction into slabs
-    would add a parallel region per iteration and re-read its output."""
-
-    name: str
-    M: object
-    N: object
-    K: object
-    a_layout: str
-    a_dtype: str
-    b_layout: str
-    b_dtype: str
-    per_step: bool = False
-
-
-#: Batches below this many rows run their per-step GEMMs one row per tile, without padding.
-#: A one-row tile holds two vectors of accumulators, too few to hide the FMA latency, so from
-#: 3 rows on a tile of several rows is as fast or faster (docs/performance.md).
-SINGLE_ROWS_BELOW = 3
-#: Batches of ``SINGLE_ROWS_BELOW`` up to this many rows run their per-step GEMMs padded to
-#: this many rows, not ``ROW_TILE`` (half the arithmetic at B = 4): a tile of 4 rows holds
-#: enough accumulators with AVX2, NEON and AVX-512 alike.
-SHORT_ROWS = 4
 
 
 @contextlib.contextmanager
@@ -359,8 +298,8 @@ class KernelBuilder:
                        lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
         if self.gemms is not None:
             m, n, k = (tirx.Var(f"gemm_{c}", "int64") for c in "mnk")
-            a_major, a_dtype, _ = _operand(a(m, k), m, k)
-            b_major, b_dtype, b_panel = _operand(b(k, n), k, n)
+            a_major, a_dtype, _ = gemm_operand(a(m, k), m, k)
+            b_major, b_dtype, b_panel = gemm_operand(b(k, n), k, n)
             self.gemms.append(GemmBlock(
                 self._versioned(name), *(self.bind_steps(e) for e in (rows, N, K)),
                 "mk" if a_major else "km", a_dtype,
@@ -537,55 +476,12 @@ def panel_layout(rows: int, cols: int):
     return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
 
 
-def is_static(extent) -> bool:
-    """Whether ``extent`` is known when the kernel is built (an ``int`` or ``IntImm``)."""
-    return isinstance(extent, (int, tirx.IntImm))
-
-
-def divides(factor: int, extent) -> bool:
-    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
-    from tvm.sym import Analyzer
-
-    rem = Analyzer().simplify(tirx.floormod(extent, factor))
-    return isinstance(rem, tirx.IntImm) and rem.value == 0
-
-
 def padded(rows, multiple: int = ROW_TILE):
     """``rows`` rounded up to a multiple of ``multiple`` (symbolic sizes welcome; ``rows``
     itself for a multiple of 1, not an expression that only simplifies to it)."""
     if multiple == 1:
         return rows
     return (rows + multiple - 1) // multiple * multiple
-
-
-def tensor_loads(expr):
-    """The tensor loads in the expression ``expr``, depth first (not those inside a load's
-    own indices)."""
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if hasattr(node, "indices"):
-            yield node
-            continue
-        for field in ("value", "a", "b", "true_value", "false_value"):
-            if hasattr(node, field):
-                stack.append(getattr(node, field))
-        stack.extend(reversed(list(getattr(node, "args", ()))))
-
-
-def uses_var(expr, var) -> bool:
-    """Whether ``expr`` reads the variable ``var`` (the same object, not just its name)."""
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
-
-
-def _operand(expr, row, col) -> tuple[bool, str, bool]:
-    """Whether the first tensor load in ``expr`` indexing ``row``/``col`` is contiguous along
-    ``col`` (row-major), the loaded tensor's dtype, and whether it is stored as panels."""
-    for load in tensor_loads(expr):
-        if any(uses_var(i, row) or uses_var(i, col) for i in load.indices):
-            return (uses_var(load.indices[-1], col), str(load.source.dtype),
-                    len(load.indices) == 3)
-    raise ValueError(f"no tensor operand in {expr}")
 
 
 def _as_list(values) -> list:

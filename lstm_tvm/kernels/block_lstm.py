@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import ROW_TILE, T, flat, is_static, kernel, padded, zero
+from ._builder import T, flat, kernel, padded, zero
+from .contract import ROW_TILE
+from .tir_analysis import is_static
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from ._weights import weight_panels
 from .block_cell import activation_scratch, cell_blocks, weight_packs

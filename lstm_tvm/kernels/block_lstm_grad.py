@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import K_SLAB, PANEL, ROW_TILE, T, flat, kernel, padded, panel_layout, zero
+from ._builder import T, flat, kernel, padded, panel_layout, zero
+from .contract import K_SLAB, PANEL, ROW_TILE
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from ._weights import WeightPack, weight_panels
 from .block_cell import peephole_grads

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import PANEL, T, flat, is_static, kernel, padded, zero
+from ._builder import T, flat, kernel, padded, zero
+from .contract import PANEL
+from .tir_analysis import is_static
 from ._gates import ACC, f32, store
 from ._weights import weight_panels
 from .block_lstm_grad import weight_packs

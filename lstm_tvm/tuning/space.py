@@ -19,7 +19,7 @@ import functools
 import itertools
 
 from .._tvm import Schedule
-from ..kernels._builder import PANEL, ROW_TILE
+from ..kernels.contract import PANEL, ROW_TILE
 from ..schedule.cpu import AVX512, GemmTile, apply_gemm
 from ..schedule.traits import CpuTraits
 from .tasks import Task, workload

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .._tvm import TB as T
-from .._tvm import IRBuilder, tvm
+from .._tvm import tvm
 from ..kernels import KernelVariant, kernel_func
-from ..kernels._builder import K_SLAB, PANEL, ROW_TILE, GemmBlock, KernelBuilder, divides, is_static
-from ..kernels._gates import f32
+from ..kernels.contract import K_SLAB, PANEL, ROW_TILE, GemmBlock
+from ..kernels.gemm_task import gemm_func
+from ..kernels.tir_analysis import divides, is_static
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
@@ -47,7 +47,7 @@ class Task:
     padding guaranteed by the kernel; ``n_multiple``: 0 when ``N`` is static, else the column
     padding), which bounds the tiles a search may pick; ``per_step``: the block runs once per
     iteration of a serial loop of its kernel, a time step or a chunk of rows (see
-    :class:`lstm_tvm.kernels._builder.GemmBlock`, :func:`lstm_tvm.tuning.space.choices`)."""
+    :class:`lstm_tvm.kernels.contract.GemmBlock`, :func:`lstm_tvm.tuning.space.choices`)."""
 
     name: str
     M: int
@@ -91,24 +91,8 @@ class Task:
 
     def primfunc(self):
         """The task as a PrimFunc ``main(a, b, c)`` with one GEMM block named :attr:`name`."""
-        a_layout, a_dtype = self.a.split(":")
-        b_layout, b_dtype = self.b.split(":")
-        a_shape = (self.M, self.K) if a_layout == "mk" else (self.K, self.M)
-        b_shape = {"kn": (self.K, self.N), "nk": (self.N, self.K),
-                   "kp": (self.N // PANEL, self.K, PANEL)}[b_layout]
-        b_load = {"kn": lambda b, k, n: b[k, n], "nk": lambda b, k, n: b[n, k],
-                  "kp": lambda b, k, n: b[n // PANEL, k, n % PANEL]}[b_layout]
-        with IRBuilder() as builder, T.prim_func(s_tir=True):
-            kb = KernelBuilder(KernelVariant())
-            T.func_name("main")
-            T.func_attr({"tirx.noalias": True, TASK_ATTR: self.to_json()})
-            a = T.arg("a", T.Buffer(a_shape, a_dtype))
-            b = T.arg("b", T.Buffer(b_shape, b_dtype))
-            c = T.arg("c", T.Buffer((self.M, self.N), "float32"))
-            kb.gemm(self.name, c, self.M, self.N, self.K,
-                    lambda m, k: f32(a[m, k] if a_layout == "mk" else a[k, m]),
-                    lambda k, n: f32(b_load(b, k, n)), pad=False)
-        return builder.get()
+        return gemm_func(self.name, self.M, self.N, self.K, self.a, self.b,
+                         {TASK_ATTR: self.to_json()})
 
 
 def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..._tvm import Schedule, tirx
-from ...kernels._builder import PANEL, ROW_TILE, is_static, tensor_loads, uses_var
+from ...kernels.contract import PANEL, ROW_TILE
+from ...kernels.tir_analysis import is_static, tensor_loads, uses_var
 from ..traits import CpuTraits
 from ..blocks import in_loop_body
 from ._loops import COLUMN_CHOICES, block_loops, divides
@@ -66,7 +67,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     AVX2's 6x16, with 3 registers to spare, where 6 divides the rows.
 
     ``b_layout``: how the right operand is stored, as in
-    :class:`~lstm_tvm.kernels._builder.GemmBlock` (``"kp"`` column panels, ``"kn"`` a
+    :class:`~lstm_tvm.kernels.contract.GemmBlock` (``"kp"`` column panels, ``"kn"`` a
     row-major ``(K, N)`` matrix, ``"nk"`` its transpose). ``"kn"``: a tile
     of few rows then widens to fill the accumulators (AVX-512: 1x256, 4x64): each reduction
     step reads a longer run of a row, where a narrow tile walks the matrix a few cache lines
