@@ -2,7 +2,7 @@
 
 A spec names everything a compiled kernel depends on: the op, dtype, input and cell sizes,
 the compile-time attributes, the target (``T`` and ``B`` stay symbolic) and the tuning
-records applied to its GEMM blocks (found in ``schedules/<target key>/``). ``get_module``
+records applied to its GEMM blocks (found in ``schedules/<records key>/``). ``get_module``
 returns the module from memory, else from the disk cache, else builds it under a file lock
 and publishes it with an atomic rename, so concurrent processes never see half a file and the
 next process does not recompile.

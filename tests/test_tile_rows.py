@@ -39,7 +39,7 @@ def _script(op_name: str, target, I=24, H=40, prepacked=False) -> str:
                                         ("neon", 0)])
 def test_tile_rows_come_from_the_targets_registers(name, rows):
     traits = cpu_traits(resolve_target(TARGETS[name]))
-    assert traits.tile_rows == rows
+    assert traits.gemm_tile_rows == rows
     if rows:  # 12 accumulator registers, two for the right operand, one for a broadcast
         assert 2 * rows + 2 + 1 <= traits.vector_registers
         assert ROW_TILE % rows  # else the GEMMs need no cut

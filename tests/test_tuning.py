@@ -149,7 +149,7 @@ def test_every_sampled_schedule_matches_the_reference(schedules, seed):
 def test_records_of_another_machine_are_not_applied(schedules):
     host = resolve_target()
     other = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512"
-                            if database.target_key(host) != "llvm-skylake-avx512" else "znver4"})
+                            if database.records_key(host) != "llvm-skylake-avx512" else "znver4"})
     task_list = collect_tasks(["BlockLSTMGradV2"], ["float32"], [(4, 2, 8, 8)])
     # in the other machine's folder, and misfiled into the host's folder
     for folder in (database.database_dir(other), database.database_dir(host)):
@@ -178,7 +178,7 @@ def test_user_records_come_before_shipped_ones_block_by_block(schedules, tmp_pat
     task_list = collect_tasks(["BlockLSTMGradV2"], ["float32"], [(4, 2, 8, 8)])
     mine = next(t for t in task_list
                 if len(space.designs(t, Schedule(task_mod.workload(t), seed=1))) > 1)
-    _commit_sampled_records(database.open_database(shipped / database.target_key(host), True),
+    _commit_sampled_records(database.open_database(shipped / database.records_key(host), True),
                             host, task_list, 0)
     attrs = {"use_peephole": False}
     from_shipped = _traces(build.make_spec("BlockLSTMGradV2", "float32", 8, 8, attrs))
@@ -203,7 +203,7 @@ def test_a_cpu_without_records_borrows_those_of_its_isa(schedules, tmp_path, mon
     monkeypatch.setattr(env, "shipped_schedules_dir", lambda: shipped)
     donor = _x86("skylake-avx512")
     task_list = collect_tasks(["BlockLSTM"], ["float32"], [(4, 2, 8, 8)])
-    _commit_sampled_records(database.open_database(shipped / database.target_key(donor), True),
+    _commit_sampled_records(database.open_database(shipped / database.records_key(donor), True),
                             donor, task_list, 0)
     full_attrs = validation.validate_attrs(registry.get_op("BlockLSTM"), {"use_peephole": False})
     for mcpu, borrows in (("icelake-server", True), ("sapphirerapids", True), ("znver4", False),
@@ -319,9 +319,9 @@ def test_cuda_records_are_looked_up_for_the_gpu_kernels_gemms(op_name):
                 == [str(text(e)) for e in built[block.name]]), block.name
 
 
-def test_target_keys_name_the_machine():
-    assert database.target_key(resolve_target({"kind": "llvm", "mcpu": "znver4"})) == "llvm-znver4"
-    assert database.target_key(resolve_target({"kind": "cuda", "arch": "sm_90"})) == "cuda-sm_90"
+def test_records_keys_name_the_machine():
+    assert database.records_key(resolve_target({"kind": "llvm", "mcpu": "znver4"})) == "llvm-znver4"
+    assert database.records_key(resolve_target({"kind": "cuda", "arch": "sm_90"})) == "cuda-sm_90"
 
 
 def test_an_unreadable_database_is_ignored_with_a_warning(schedules, caplog):

@@ -2,7 +2,10 @@
 
 A kernel is written as Python that emits ``s_tir`` blocks inside :func:`kernel`, whose
 parameters are the op's inputs then outputs in the registry's order (destination-passing
-style), with symbolic ``T`` and ``B``. Blocks are named so that schedules can find them.
+style), with symbolic ``T`` and ``B``, through the :class:`KernelBuilder` it yields: the
+kernel's :class:`~.variant.KernelVariant` and emission state. Blocks are named and annotated
+as :mod:`.contract` says, so that schedules can find them. Used by the kernel files of this
+package only.
 """
 
 from __future__ import annotations

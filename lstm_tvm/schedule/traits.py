@@ -15,7 +15,7 @@ import json
 from .._tvm import target_arch, tvm
 from ..kernels.variant import KernelVariant
 
-__all__ = ["CpuTraits", "cpu_traits", "gemm_tile_rows", "kernel_variant"]
+__all__ = ["CpuTraits", "cpu_traits", "kernel_variant"]
 
 #: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
 _X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
@@ -50,7 +50,7 @@ class CpuTraits:
         return self.vector_registers // 2 * self.lanes("float32")
 
     @property
-    def tile_rows(self) -> int:
+    def gemm_tile_rows(self) -> int:
         """Rows of a float32 GEMM register tile two vectors wide beyond what
         :attr:`accumulators` allow, or 0. With AVX2's 16 registers: 6 (6x16, 12 accumulator
         registers, two for the right operand's row and one for a broadcast), against 4x16's 8,
@@ -84,14 +84,11 @@ def _traits(target_json: str) -> CpuTraits:
     return CpuTraits(arch, 128, 16, False, extension)
 
 
-def gemm_tile_rows(target) -> int:
-    """The :attr:`CpuTraits.tile_rows` of a target's GEMMs (0 for a GPU's)."""
-    return cpu_traits(target).tile_rows if str(target.kind.name) == "llvm" else 0
-
-
 def kernel_variant(target, prepacked: bool = False) -> KernelVariant:
     """The :class:`~lstm_tvm.kernels.variant.KernelVariant` of ``target``'s kernels (a
     ``tvm.target.Target``): the CPU form for an ``llvm`` target (GEMMs cut for its register
-    tile's rows, :func:`gemm_tile_rows`), else the GPU form; ``prepacked`` as given."""
-    return KernelVariant(cpu=str(target.kind.name) == "llvm",
-                         gemm_tile_rows=gemm_tile_rows(target), prepacked=prepacked)
+    tile's rows, :attr:`CpuTraits.gemm_tile_rows`), else the GPU form; ``prepacked`` as
+    given."""
+    cpu = str(target.kind.name) == "llvm"
+    return KernelVariant(cpu=cpu, gemm_tile_rows=cpu_traits(target).gemm_tile_rows if cpu else 0,
+                         prepacked=prepacked)

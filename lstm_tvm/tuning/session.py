@@ -93,7 +93,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     """Tune the GEMM tiles of ``ops`` for ``target``; returns one :class:`TaskResult` per task.
 
     ``trials`` is the number of distinct measured schedules each task should have on record in
-    the database (``schedules/<target key>/`` unless ``root`` is given), or all of its space's
+    the database (``schedules/<records key>/`` unless ``root`` is given), or all of its space's
     if that holds fewer (:attr:`TaskResult.exhausted`); tasks already there are topped up, not
     restarted.
 
@@ -110,7 +110,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     traits = cpu_traits(target)
     host = cpu_traits(resolve_target("llvm"))
     if tracker is None and traits.arch != host.arch:
-        raise ValueError(f"{database.target_key(target)}: an {traits.arch} target cannot be "
+        raise ValueError(f"{database.records_key(target)}: an {traits.arch} target cannot be "
                          f"measured on this {host.arch} machine; measure it on its devices "
                          f"(tracker and key: --rpc-tracker, --rpc-key)")
     if tracker is not None:
@@ -149,12 +149,12 @@ def _on_record(db, target, tasks, traits) -> dict[Task, tuple[int, int]]:
     """For each task, how many distinct schedules of its space (see
     :func:`lstm_tvm.tuning.space.fingerprint`) ``db`` holds measured times of, and how many
     failed measurements, all on ``target``'s machine."""
-    key = database.target_key(target)
+    key = database.records_key(target)
     seen: dict[Task, set[int]] = {t: set() for t in tasks}
     failures = dict.fromkeys(tasks, 0)
     for record in db.get_all_tuning_records():
         task = task_of(record.workload.mod)
-        same_machine = record.target is not None and database.target_key(record.target) == key
+        same_machine = record.target is not None and database.records_key(record.target) == key
         if task not in seen or not same_machine:
             continue
         if database.failed(record):
