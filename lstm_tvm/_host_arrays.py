@@ -1,7 +1,7 @@
 """NumPy arrays handed to CPU kernels without copies, and aligned output arrays.
 
 CPU kernels read their inputs wherever they lie (aligned to their element size, see
-:func:`lstm_tvm.kernels._builder.cpu_variants`), so a NumPy array is passed by DLPack when
+:class:`lstm_tvm.kernels.variant.KernelVariant`), so a NumPy array is passed by DLPack when
 it is C-contiguous, writeable, aligned (NumPy's flag), in native byte order and of 16 KiB or
 more (below, a copy costs no more than the checks); any other array is copied into an aligned
 staging buffer. Outputs, which the kernels write with vector stores that assume TVM's 64-byte

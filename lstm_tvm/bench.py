@@ -103,7 +103,7 @@ def machine() -> dict:
     its tuning records go under, and the number of usable cores."""
     from ._tvm import host_cpu, resolve_target
     from .schedule.traits import cpu_traits
-    from .tuning.database import target_key
+    from .tuning.database import records_key
 
     fields = {}
     try:
@@ -118,7 +118,7 @@ def machine() -> dict:
     return {"cpu": fields.get("model name", "unknown CPU"), "vendor": fields.get("vendor_id"),
             "family": fields.get("cpu family"), "model": fields.get("model"),
             "mcpu": host_cpu(), "extension": cpu_traits(target).extension,
-            "records_key": target_key(target), "cores": usable_cores()}
+            "records_key": records_key(target), "cores": usable_cores()}
 
 
 def describe_machine(m: dict) -> str:

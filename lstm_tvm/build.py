@@ -2,7 +2,7 @@
 
 A spec names everything a compiled kernel depends on: the op, dtype, input and cell sizes,
 the compile-time attributes, the target (``T`` and ``B`` stay symbolic) and the tuning
-records applied to its GEMM blocks (found in ``schedules/<target key>/``). ``get_module``
+records applied to its GEMM blocks (found in ``schedules/<records key>/``). ``get_module``
 returns the module from memory, else from the disk cache, else builds it under a file lock
 and publishes it with an atomic rename, so concurrent processes never see half a file and the
 next process does not recompile.
@@ -23,11 +23,10 @@ from filelock import FileLock
 from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, resolve_target, target_key, tvm
-from .kernels import WEIGHT_PACKS, kernel_func, pack_func, pack_func_name
+from .kernels import WEIGHT_PACKS, KernelVariant, kernel_func, pack_func, pack_func_name
 from ._host_arrays import ALIGNMENT
-from .kernels._builder import input_align, prepacked, tile_rows
 from .schedule import schedule_for
-from .schedule.traits import gemm_tile_rows, kernel_setting
+from .schedule.traits import kernel_variant
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +73,12 @@ class BuildSpec:
         kernel that takes weight panels, so that a library can hold both)."""
         suffix = "_prepacked" if self.pack_func_name else ""
         return f"lstm_tvm_{self.op}_{self.dtype}{suffix}"
+
+    @property
+    def variant(self) -> KernelVariant:
+        """The form of the kernel this spec builds: its target's
+        (:func:`lstm_tvm.schedule.traits.kernel_variant`), prepacked as :attr:`prepacked` says."""
+        return kernel_variant(resolve_target(json.loads(self.target)), self.prepacked)
 
     def with_prepacked_weights(self) -> BuildSpec:
         """The spec of this kernel taking its weight panels: prepacked for an op that packs
@@ -143,39 +148,39 @@ def _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp)
     from .tuning import database
 
     target = resolve_target(json.loads(target_json))
-    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, gemm_tile_rows(target))
+    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, kernel_variant(target))
     return database.block_uses(target, blocks, stamp)
 
 
+def gemm_blocks(spec: BuildSpec) -> tuple:
+    """The GEMM blocks (:class:`~lstm_tvm.kernels.contract.GemmBlock`, symbolic sizes, in
+    kernel order) tuning records are looked up for: those of the form of the kernel that
+    ``spec``'s target builds (:func:`lstm_tvm.schedule.traits.kernel_variant`; a CUDA target's
+    is the GPU form), with its weights in ``w``, as :func:`make_spec` looks records up."""
+    target = resolve_target(json.loads(spec.target))
+    return _gemm_blocks(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.attrs,
+                        kernel_variant(target))
+
+
 @functools.lru_cache(maxsize=256)
-def _gemm_blocks(op, dtype, input_size, cell_size, attrs, rows: int) -> tuple:
+def _gemm_blocks(op, dtype, input_size, cell_size, attrs, variant: KernelVariant) -> tuple:
     from .tuning.tasks import kernel_gemms
 
-    with tile_rows(rows):
-        return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs)))
-
-
-def _target(spec: BuildSpec) -> tuple:
-    """``spec``'s target, and the :func:`kernel_setting` its kernels are built under."""
-    target = resolve_target(json.loads(spec.target))
-    return target, kernel_setting(target)
+    return tuple(kernel_gemms(op, dtype, input_size, cell_size, dict(attrs), variant))
 
 
 def input_alignment(spec: BuildSpec) -> int:
     """The byte alignment ``spec``'s kernel needs of its input tensors' data: the element's
     size for a CPU, TVM's :data:`~._host_arrays.ALIGNMENT` otherwise."""
-    _, setting = _target(spec)
-    with setting:
-        return input_align(spec.dtype) or ALIGNMENT
+    return spec.variant.input_align(spec.dtype) or ALIGNMENT
 
 
 def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
-    target, setting = _target(spec)
-    with setting, prepacked(spec.prepacked):
-        func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size,
-                           dict(spec.attrs))
+    target = resolve_target(json.loads(spec.target))
+    func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size, dict(spec.attrs),
+                       spec.variant)
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
     func = schedule_for(spec.op, func, target, failures, tuned=tuned)
     return func.with_attr("global_symbol", spec.func_name)
@@ -193,9 +198,8 @@ def primfuncs(spec: BuildSpec) -> dict:
 def pack_primfunc(spec: BuildSpec):
     """The scheduled PrimFunc ``(w, *panels)`` named :attr:`BuildSpec.pack_func_name` that
     fills the weight panels of a prepacked ``spec``'s kernel."""
-    target, setting = _target(spec)
-    with setting:
-        func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size)
+    target = resolve_target(json.loads(spec.target))
+    func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.variant)
     func = schedule_for(spec.op, func, target)
     return func.with_attr("global_symbol", spec.pack_func_name)
 

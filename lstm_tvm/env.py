@@ -35,7 +35,7 @@ def cache_dir() -> Path:
 
 
 def schedules_dir() -> Path:
-    """The user's tuning databases, one sub-folder per target key: where tuning sessions write
+    """The user's tuning databases, one sub-folder per records key: where tuning sessions write
     and the first place lookups search (not created here)."""
     override = os.environ.get("LSTM_TVM_SCHEDULES_DIR")
     if override:

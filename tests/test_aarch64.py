@@ -141,9 +141,9 @@ def test_the_aarch64_alias_and_its_records_key():
     target = resolve_target("aarch64")
     assert str(target.attrs["mtriple"]) == "aarch64-linux-gnu"
     assert list(target.attrs["mattr"]) == ["+neon"]
-    assert database.target_key(target) == "llvm-aarch64"
+    assert database.records_key(target) == "llvm-aarch64"
     # a CPU named by no model: its architecture, so x86 and Arm records never share a key
-    assert database.target_key(resolve_target({"kind": "llvm"})) == f"llvm-{host_arch()}"
+    assert database.records_key(resolve_target({"kind": "llvm"})) == f"llvm-{host_arch()}"
     assert cross_compile.is_cross(target)
     assert not cross_compile.is_cross(resolve_target("llvm"))
     assert cross_compile.export_options(resolve_target("llvm")) == {}

@@ -61,9 +61,9 @@ def test_every_case_and_impl(tmp_path):
     assert f"threads {meta['threads']}, repeat 1" in output and meta["machine"]["cpu"] in output
     # the CPU as the records and the schedules see it, whatever name a VM reports
     target = _tvm.resolve_target("llvm")
-    assert meta["machine"]["records_key"] == database.target_key(target)
+    assert meta["machine"]["records_key"] == database.records_key(target)
     assert meta["machine"]["mcpu"] == _tvm.host_cpu()
-    assert f"records key {database.target_key(target)}" in output
+    assert f"records key {database.records_key(target)}" in output
     assert f"LLVM mcpu {_tvm.host_cpu()}" in output
     # what the performance page shows of a machine, and the command that repeats the run
     assert meta["versions"]["apache-tvm"] == importlib.metadata.version("apache-tvm")

@@ -187,7 +187,7 @@ def test_build_says_which_machine_and_tuning_records_it_uses(tmp_path, monkeypat
     args = ["build", "--ops", "LSTMBlockCell", "--dtype", "float32", "--peephole", "off", *TINY]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    key = database.target_key(resolve_target())
+    key = database.records_key(resolve_target())
     assert f"tuning records: none for {key}: rule-based default schedules" in result.output
     machine = next(line for line in result.output.splitlines() if line.startswith("machine: "))
     assert f"LLVM mcpu {host_cpu()}" in machine and f"records key {key}" in machine

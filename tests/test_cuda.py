@@ -23,7 +23,8 @@ from lstm_tvm import build, reference, registry, testing, validation
 from lstm_tvm._tvm import (DEFAULT_CUDA_ARCH, SBlock, cuda_arch, nvcc_compile, resolve_target,
                            target_name)
 from lstm_tvm.kernels import BUILDERS
-from lstm_tvm.kernels._builder import STEP_BLOCK, cpu_kernels
+from lstm_tvm.kernels import KernelVariant
+from lstm_tvm.kernels.contract import STEP_BLOCK
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
 
@@ -49,8 +50,8 @@ def _attrs(op_name, use_peephole=True):
 
 
 def _kernel(op_name, dtype, input_size, cell_size, attrs):
-    with cpu_kernels(False):  # as build.primfunc builds for a GPU
-        return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs)
+    return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs,
+                             KernelVariant(cpu=False))  # as build.primfunc builds for a GPU
 
 
 def _launches(func, stmt=None) -> int:

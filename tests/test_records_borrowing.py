@@ -107,7 +107,7 @@ def _groups(output: str, header: str) -> dict[tuple, dict[str, list[str]]]:
 def test_a_block_without_an_own_record_takes_the_borrowed_one(roots):
     user, shipped = roots
     zen4 = _x86("znver4")
-    assert database.target_key(zen4) == "llvm-znver4"
+    assert database.records_key(zen4) == "llvm-znver4"
     assert [(s.key, s.borrowed) for s in database.sources(zen4)] == [(DONOR, True)]
     before = {op: _spec(op, zen4) for op in ("BlockLSTMV2", "BlockLSTMGradV2")}
     donor_best = {t.key: database.trace_to_json(b.trace)
@@ -177,7 +177,7 @@ def _compatible_cpu(host):
     """A named x86 CPU whose records this host borrows (same ISA class, another key)."""
     for mcpu in _CPUS:
         other = _x86(mcpu)
-        if (database.target_key(other) != database.target_key(host)
+        if (database.records_key(other) != database.records_key(host)
                 and database.compatible(host, other)):
             return other
     pytest.skip(f"no CPU among {_CPUS} shares this host's ISA class ({database.isa_class(host)})")
@@ -209,7 +209,7 @@ def test_build_summary_names_each_blocks_records(tmp_path, monkeypatch):
         "--repeat", "1", "--json", str(report)])
     assert result.exit_code == 0, result.output
     assert "2/2 passed" in result.output
-    donor_key, host_key = database.target_key(donor), database.target_key(host)
+    donor_key, host_key = database.records_key(donor), database.records_key(host)
     rows = {r["op"]: r for r in json.loads(report.read_text())["results"]}
     for op, key, label in (("BlockLSTMV2", donor_key, f"borrowed from {donor_key}"),
                            ("BlockLSTMGradV2", host_key, "own")):

@@ -9,8 +9,8 @@ import tvm_ffi
 
 from lstm_tvm import build, registry, testing, validation
 from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
-from lstm_tvm.kernels import BUILDERS
-from lstm_tvm.kernels._builder import STEP_BLOCK, TIME_STEP
+from lstm_tvm.kernels import BUILDERS, KernelVariant
+from lstm_tvm.kernels.contract import STEP_BLOCK, TIME_STEP
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.blocks import leaf_blocks
 from lstm_tvm.schedule.cpu import gemm, team
@@ -23,7 +23,7 @@ from lstm_tvm.schedule.traits import cpu_traits
 def test_every_block_is_scheduled(op_name, dtype, sizes, cpu_target):
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, testing.op_attrs(op_name, {"use_peephole": True}))
-    func = BUILDERS[op_name](op, dtype, *sizes, attrs)
+    func = BUILDERS[op_name](op, dtype, *sizes, attrs, KernelVariant())
     failures = []
     schedule_for(op_name, func, resolve_target(cpu_target), failures)
     assert failures == []
@@ -44,7 +44,7 @@ def test_gemm_outputs_have_constant_row_strides(op_name, dtype):
     (I+H, padded B) result: 3.6 ms, as panels 2.2 ms)."""
     attrs = validation.validate_attrs(registry.get_op(op_name),
                                       testing.op_attrs(op_name, {"use_peephole": True}))
-    func = build.kernel_func(op_name, dtype, 48, 40, attrs)
+    func = build.kernel_func(op_name, dtype, 48, 40, attrs, KernelVariant())
     written = []
 
     def visit(block):
@@ -73,7 +73,8 @@ def test_gemms_over_wide_panels_run_column_blocks_first(target):
     def tiles(op_name, input_size, cell_size):
         op = registry.get_op(op_name)
         attrs = validation.validate_attrs(op, testing.op_attrs(op_name, {"use_peephole": False}))
-        sch = Schedule(BUILDERS[op_name](op, "float32", input_size, cell_size, attrs))
+        sch = Schedule(BUILDERS[op_name](op, "float32", input_size, cell_size, attrs,
+                                                   KernelVariant()))
         return {sch.get(b).name_hint: gemm.rule(sch, b, traits) for b in leaf_blocks(sch)
                 if sch.get(b).name_hint in ("xw", "x_grad_gemm", "gates", "w_grad")}
 
@@ -113,7 +114,7 @@ def test_each_step_runs_two_parallel_loops_in_one_launch_per_sequence(op_name, s
     (:mod:`lstm_tvm.schedule.cpu.team`), not a launch each."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})
-    func = BUILDERS[op_name](op, "float32", *sizes, attrs)
+    func = BUILDERS[op_name](op, "float32", *sizes, attrs, KernelVariant())
     scheduled = schedule_for(op_name, func, resolve_target())
     step = _step_block(scheduled)
 
@@ -149,7 +150,8 @@ def test_a_step_with_a_serial_block_keeps_a_launch_per_loop():
     """Every thread of a launch runs what lies outside its parallel loops: a step whose block
     is not inside one (here: the unscheduled kernel, all loops serial) is not made a launch."""
     op = registry.get_op("BlockLSTMV2")
-    func = BUILDERS["BlockLSTMV2"](op, "float32", 8, 16, validation.validate_attrs(op, {}))
+    func = BUILDERS["BlockLSTMV2"](op, "float32", 8, 16, validation.validate_attrs(op, {}),
+                                   KernelVariant())
     sch = team.launch_per_sequence(Schedule(func))
     found = []
     tvm_ffi.structural_walk(sch.mod["main"].body, [(tirx.For, lambda node: found.append(node)

@@ -15,7 +15,7 @@ from lstm_tvm import build, reference, registry, testing
 from lstm_tvm._tvm import Schedule, tirx
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.kernels.cell_grad_matmul import DOTS_BELOW
-from lstm_tvm.kernels._builder import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
+from lstm_tvm.kernels.contract import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
                                       SINGLE_ROWS_BELOW)
 from lstm_tvm.schedule.blocks import leaf_blocks, time_steps
 from lstm_tvm.validation import validate_attrs

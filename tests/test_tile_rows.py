@@ -10,7 +10,7 @@ import pytest
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
 from lstm_tvm._tvm import resolve_target, tvm
-from lstm_tvm.kernels._builder import ROW_TILE
+from lstm_tvm.kernels.contract import ROW_TILE
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.validation import validate_attrs
 
@@ -39,7 +39,7 @@ def _script(op_name: str, target, I=24, H=40, prepacked=False) -> str:
                                         ("neon", 0)])
 def test_tile_rows_come_from_the_targets_registers(name, rows):
     traits = cpu_traits(resolve_target(TARGETS[name]))
-    assert traits.tile_rows == rows
+    assert traits.gemm_tile_rows == rows
     if rows:  # 12 accumulator registers, two for the right operand, one for a broadcast
         assert 2 * rows + 2 + 1 <= traits.vector_registers
         assert ROW_TILE % rows  # else the GEMMs need no cut

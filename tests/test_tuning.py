@@ -14,12 +14,15 @@ import sys
 
 import numpy as np
 import pytest
+import tvm_ffi
 from click.testing import CliRunner
+from tvm.sym import Analyzer
 
 import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
-from lstm_tvm._tvm import Schedule, resolve_target
-from lstm_tvm.kernels._builder import SHORT_ROWS
+from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
+from lstm_tvm.kernels import KernelVariant
+from lstm_tvm.kernels.contract import SHORT_ROWS
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.tuning import collect_tasks, database, space
@@ -131,7 +134,7 @@ def test_every_sampled_schedule_matches_the_reference(schedules, seed):
 def test_records_of_another_machine_are_not_applied(schedules):
     host = resolve_target()
     other = resolve_target({"kind": "llvm", "mcpu": "skylake-avx512"
-                            if database.target_key(host) != "llvm-skylake-avx512" else "znver4"})
+                            if database.records_key(host) != "llvm-skylake-avx512" else "znver4"})
     task_list = collect_tasks(["BlockLSTMGradV2"], ["float32"], [(4, 2, 8, 8)])
     # in the other machine's folder, and misfiled into the host's folder
     for folder in (database.database_dir(other), database.database_dir(host)):
@@ -160,7 +163,7 @@ def test_user_records_come_before_shipped_ones_block_by_block(schedules, tmp_pat
     task_list = collect_tasks(["BlockLSTMGradV2"], ["float32"], [(4, 2, 8, 8)])
     mine = next(t for t in task_list
                 if len(space.designs(t, Schedule(task_mod.workload(t), seed=1))) > 1)
-    _commit_sampled_records(database.open_database(shipped / database.target_key(host), True),
+    _commit_sampled_records(database.open_database(shipped / database.records_key(host), True),
                             host, task_list, 0)
     attrs = {"use_peephole": False}
     from_shipped = _traces(build.make_spec("BlockLSTMGradV2", "float32", 8, 8, attrs))
@@ -185,7 +188,7 @@ def test_a_cpu_without_records_borrows_those_of_its_isa(schedules, tmp_path, mon
     monkeypatch.setattr(env, "shipped_schedules_dir", lambda: shipped)
     donor = _x86("skylake-avx512")
     task_list = collect_tasks(["BlockLSTM"], ["float32"], [(4, 2, 8, 8)])
-    _commit_sampled_records(database.open_database(shipped / database.target_key(donor), True),
+    _commit_sampled_records(database.open_database(shipped / database.records_key(donor), True),
                             donor, task_list, 0)
     full_attrs = validation.validate_attrs(registry.get_op("BlockLSTM"), {"use_peephole": False})
     for mcpu, borrows in (("icelake-server", True), ("sapphirerapids", True), ("znver4", False),
@@ -249,14 +252,16 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
                               ("BlockLSTMGrad", {"dh", "dh_rows", "dh" + short, "w_grad",
                                                  "w_grad_tail"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
-        blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs)
+        blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs,
+                                       KernelVariant())
         assert {b.name for b in blocks if b.per_step} == in_loops
         for name in (n for n in in_loops if not n.endswith("_short")):
             # one row runs *_rows, SHORT_ROWS rows *_rows4; w_grad_tail the 120 rows that
             # chunks of 128 leave of 4 x 62, rounded up to 128
             batch = (1 if name.endswith("_rows") else SHORT_ROWS if name.endswith(short)
                      else 62 if name == "w_grad_tail" else 64)
-            tasks = task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, batch)
+            tasks = task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, batch,
+                                       KernelVariant())
             assert not any(t.name.endswith("_short") for t in tasks)
             task = next(t for t in tasks if t.name == name)
             assert task.per_step and task.K >= 128 and space.choices(task)["k_block"] == []
@@ -265,9 +270,43 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
             assert not dataclasses.replace(task, per_step=False).matches(block)
 
 
-def test_target_keys_name_the_machine():
-    assert database.target_key(resolve_target({"kind": "llvm", "mcpu": "znver4"})) == "llvm-znver4"
-    assert database.target_key(resolve_target({"kind": "cuda", "arch": "sm_90"})) == "cuda-sm_90"
+def _kernel_gemm_extents(func) -> dict:
+    """Name -> ``(M, N, K)`` of the GEMM-shaped blocks of a kernel: reductions over one
+    iterator with two spatial ones."""
+    found = {}
+
+    def visit(block):
+        kinds = [iv.iter_type for iv in block.iter_vars]
+        if kinds == [tirx.IterVar.DataPar, tirx.IterVar.DataPar, tirx.IterVar.CommReduce]:
+            found[block.name_hint] = tuple(iv.dom.extent for iv in block.iter_vars)
+
+    tvm_ffi.structural_walk(func.body, [(SBlock, visit)])
+    return found
+
+
+@pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTM", "BlockLSTMGrad",
+                                     "CellGradMatmul"])
+def test_cuda_records_are_looked_up_for_the_gpu_kernels_gemms(op_name):
+    """For a CUDA target the tuning records are looked up for the GEMM blocks of the kernel
+    that is built, its GPU form: not those of the CPU form (small-batch versions, cut rows,
+    tail chunks), which a GPU kernel does not have."""
+    attrs = validation.validate_attrs(registry.get_op(op_name),
+                                      testing.op_attrs(op_name, {"use_peephole": True}))
+    spec = build.make_spec(op_name, "float32", 40, 48, attrs,
+                           {"kind": "cuda", "arch": "sm_90"}, tuned=False)
+    assert not spec.variant.cpu
+    built = _kernel_gemm_extents(build.kernel_func(
+        op_name, "float32", 40, 48, dict(spec.attrs), spec.variant))
+    assert [use.block for use in build.record_uses(spec)] == list(built)
+    text = Analyzer().simplify  # the two kernels' T and B are variables of their own
+    for block in build.gemm_blocks(spec):
+        assert ([str(text(e)) for e in (block.M, block.N, block.K)]
+                == [str(text(e)) for e in built[block.name]]), block.name
+
+
+def test_records_keys_name_the_machine():
+    assert database.records_key(resolve_target({"kind": "llvm", "mcpu": "znver4"})) == "llvm-znver4"
+    assert database.records_key(resolve_target({"kind": "cuda", "arch": "sm_90"})) == "cuda-sm_90"
 
 
 def test_an_unreadable_database_is_ignored_with_a_warning(schedules, caplog):

@@ -127,7 +127,7 @@ def test_remote_session_records_real_times_under_the_targets_key(devices, tmp_pa
     for record in records:
         secs = [float(s) for s in record.run_secs]
         assert secs and all(0 < s < database.FAILED_SECONDS for s in secs), secs
-        assert database.target_key(record.target) == f"llvm-{host_cpu()}"
+        assert database.records_key(record.target) == f"llvm-{host_cpu()}"
     served = sum((tmp_path / f"server{i}.log").read_text().count("load_module")
                  for i in range(2))
     assert served == 2, "each candidate ran on a server"

@@ -11,7 +11,7 @@ from tvm.sym import Analyzer
 
 from lstm_tvm import registry, testing, validation
 from lstm_tvm.build import kernel_func
-from lstm_tvm.kernels._builder import fixed_sizes
+from lstm_tvm.kernels import KernelVariant
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 
 B, I, H = 3, 5, 4
@@ -20,8 +20,7 @@ B, I, H = 3, 5, 4
 def _scratch_bytes(op_name, dtype, steps):
     """Bytes of every scratch buffer of ``op_name``'s kernel at ``T = steps``, by name."""
     attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": True})
-    with fixed_sizes(T=steps, B=B):
-        func = kernel_func(op_name, dtype, I, H, attrs)
+    func = kernel_func(op_name, dtype, I, H, attrs, KernelVariant().with_sizes(T=steps, B=B))
     found = {buf.name: int(np.prod([int(Analyzer().simplify(e)) for e in buf.shape]))
              * np.dtype(buf.dtype).itemsize for buf in testing.allocations(func)}
     assert found, "no scratch buffer found: the walk missed the kernel's blocks"

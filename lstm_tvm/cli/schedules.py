@@ -55,7 +55,7 @@ def command(target, ops_, dtypes, sizes):
     dts = split_choices(dtypes, DTYPES, "--dtype")
     size_list = parse_sizes(sizes)
     resolved = resolve_target(target)
-    key = database.target_key(resolved)
+    key = database.records_key(resolved)
     is_cpu = str(resolved.kind.name) == "llvm"
     click.echo(f"target: {key} ({database.isa_class(resolved)})" if is_cpu else f"target: {key}")
     for origin, root in env.schedule_roots():

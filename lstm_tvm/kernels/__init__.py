@@ -8,14 +8,15 @@ import functools
 from tvm.s_tir.analysis import detect_buffer_access_lca
 
 from ..registry import get_op
-from ._builder import cpu_kernels
 from ._weights import pack_func_name, pack_kernel
 from .block_cell import lstm_block_cell, lstm_block_cell_grad, weight_packs as forward_packs
 from .block_lstm import block_lstm
 from .block_lstm_grad import block_lstm_grad, weight_packs as backward_packs
 from .cell_grad_matmul import cell_grad_matmul
+from .variant import KernelVariant
 
-#: Registry op name -> builder ``(op, dtype, input_size, cell_size, attrs) -> PrimFunc``.
+#: Registry op name -> builder ``(op, dtype, input_size, cell_size, attrs, variant,
+#: gemms=None) -> PrimFunc``.
 BUILDERS = {
     "LSTMBlockCell": lstm_block_cell,
     "LSTMBlockCellGrad": lstm_block_cell_grad,
@@ -39,17 +40,20 @@ WEIGHT_PACKS = {
 }
 
 
-def kernel_func(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict):
-    """The unscheduled PrimFunc of registry op ``op`` (see :data:`lstm_tvm.registry.KERNEL_OPS`)."""
-    return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs)
+def kernel_func(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
+                variant: KernelVariant, gemms: list | None = None):
+    """The unscheduled PrimFunc of registry op ``op`` (see :data:`lstm_tvm.registry.KERNEL_OPS`)
+    in the form ``variant`` (a :class:`KernelVariant`); ``gemms``, a list, receives a
+    :class:`~._builder.GemmBlock` per GEMM block."""
+    return BUILDERS[op](get_op(op), dtype, input_size, cell_size, attrs, variant, gemms)
 
 
-def pack_func(op: str, dtype: str, input_size: int, cell_size: int):
+def pack_func(op: str, dtype: str, input_size: int, cell_size: int, variant: KernelVariant):
     """The PrimFunc ``(w, *panels)`` (named :func:`pack_func_name`) that fills the weight
     panels ``op``'s prepacked kernel takes; None for an op that reads ``w`` in place."""
     packs = WEIGHT_PACKS.get(op)
     return packs and pack_kernel(get_op(op), dtype, input_size, cell_size,
-                                 packs(input_size, cell_size))
+                                 packs(input_size, cell_size), variant)
 
 
 @functools.lru_cache(maxsize=256)
@@ -60,8 +64,7 @@ def unread_inputs(op: str, dtype: str, input_size: int, cell_size: int,
     of ``LSTMBlockCellGrad`` need no ``x`` or ``w``), or an attribute leaves them out (the
     peepholes without ``use_peephole``). A caller may pass any tensor of the right shape and
     dtype for them."""
-    with cpu_kernels(True):
-        func = kernel_func(op, dtype, input_size, cell_size, dict(attrs))
+    func = kernel_func(op, dtype, input_size, cell_size, dict(attrs), KernelVariant(cpu=True))
     # Inputs are only read. TVM 0.27's parameters are the buffers themselves; a view of one
     # (``flat``) declared on its data counts as an access of the parameter too.
     accessed = list(detect_buffer_access_lca(func))
@@ -70,5 +73,5 @@ def unread_inputs(op: str, dtype: str, input_size: int, cell_size: int,
                      and not any(buffer.same_as(param) for buffer in accessed))
 
 
-__all__ = ["BUILDERS", "WEIGHT_PACKS", "kernel_func", "pack_func", "pack_func_name",
-           "unread_inputs"]
+__all__ = ["BUILDERS", "KernelVariant", "WEIGHT_PACKS", "kernel_func", "pack_func",
+           "pack_func_name", "unread_inputs"]

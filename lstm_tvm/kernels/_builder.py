@@ -2,14 +2,15 @@
 
 A kernel is written as Python that emits ``s_tir`` blocks inside :func:`kernel`, whose
 parameters are the op's inputs then outputs in the registry's order (destination-passing
-style), with symbolic ``T`` and ``B``. Blocks are named so that schedules can find them.
+style), with symbolic ``T`` and ``B``, through the :class:`KernelBuilder` it yields: the
+kernel's :class:`~.variant.KernelVariant` and emission state. Blocks are named and annotated
+as :mod:`.contract` says, so that schedules can find them. Used by the kernel files of this
+package only.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import dataclasses
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,63 +18,13 @@ import numpy as np
 from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
+from .contract import (FUSE_GROUP, LOOP_BODY, ONE_THREAD, ONE_THREAD_BELOW, PANEL,
+                       ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW, STEP_BLOCK, TIME_STEP,
+                       TRANSPOSE_TILE, GemmBlock)
+from .tir_analysis import divides, gemm_operand, is_static
+from .variant import KernelVariant
 
-__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
-           "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "T",
-           "bind_steps", "by_work", "capture_gemms", "cpu_kernels", "cpu_variants", "divides",
-           "fixed_sizes", "flat", "gemm", "input_align", "is_static", "kernel", "padded",
-           "panel_layout", "panel_scratch", "panels", "prepacked", "prepacked_weights", "reduction",
-           "rest_view", "row_chunks", "sizes_of", "spatial", "step_gemm", "step_views", "temp",
-           "tensor_loads", "tile_rows", "time_loop", "uses_var", "version", "zero"]
-
-#: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
-#: up to a multiple of ROW_TILE (:func:`padded`), so a schedule can tile rows without bounds
-#: checks; their left operand and output are scratch buffers with room for the extra rows.
-ROW_TILE = 8
-#: Columns of a panel (see :func:`panels`): the register tile's width of GEMMs that read one.
-PANEL = 32
-#: Rows of the source a transposing :func:`panels` copy walks per tile (one panel wide).
-TRANSPOSE_TILE = 32
-#: Block annotation of :func:`spatial` blocks in a fusion group (see there).
-FUSE_GROUP = "lstm_tvm.fuse_group"
-#: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
-#: zero past the last row up to this multiple, so a schedule may block the reduction by any
-#: divisor of it without bounds checks.
-K_SLAB = 256
-#: Name of the block that holds one step of a sequence kernel's time loop (:func:`time_loop`;
-#: a second :func:`version` of the loop adds its suffix).
-STEP_BLOCK = "step"
-#: Block annotation of every time step block (of each version).
-TIME_STEP = "lstm_tvm.time_step"
-#: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
-#: :class:`GemmBlock`): a time step, or a chunk of :func:`row_chunks` with ``per_step``.
-LOOP_BODY = "lstm_tvm.loop_body"
-#: Block annotation of blocks whose loops stay on the calling thread: those of
-#: :func:`by_work`'s small versions, and small constant-size blocks (see :func:`spatial`).
-ONE_THREAD = "lstm_tvm.one_thread"
-#: Work (elements, see :func:`by_work`) below which blocks run on one thread: a launch of the
-#: thread pool costs more than it saves below it (the cell ops' gate math at H=256 on 2 cores:
-#: one thread is faster up to B=32, ``B * 4H`` = 32768, two from B=64; docs/performance.md).
-ONE_THREAD_BELOW = 65536
-
-_FIXED_SIZES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("fixed_sizes",
-                                                                            default=None)
-
-
-@contextlib.contextmanager
-def _setting(var: contextvars.ContextVar, value):
-    """``var`` holds ``value`` inside the ``with`` (which yields it)."""
-    token = var.set(value)
-    try:
-        yield value
-    finally:
-        var.reset(token)
-
-
-def fixed_sizes(**sizes: int):
-    """Build kernels with constant ``T`` and ``B`` (e.g. ``fixed_sizes(T=64, B=32)``) instead of
-    symbolic ones: tuning tasks are cut from such static-shape kernels."""
-    return _setting(_FIXED_SIZES, {k: tirx.IntImm("int64", int(v)) for k, v in sizes.items()})
+__all__ = ["KernelBuilder", "T", "flat", "kernel", "padded", "panel_layout", "sizes_of", "zero"]
 
 
 def zero(dtype: str = ACC):
@@ -81,63 +32,31 @@ def zero(dtype: str = ACC):
     return tirx.const(0, dtype)
 
 
-@dataclasses.dataclass(frozen=True)
-class GemmBlock:
-    """What one GEMM block computes, as seen by tuning: its name, ``M x N x K`` extents (with
-    ``seq_len_max`` bound to ``T`` under :func:`fixed_sizes`), and each operand's layout
-    (``"mk"``/``"km"`` for ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the
-    contiguous axis; ``"kp"`` for a ``b`` stored as :func:`panels`) and storage dtype;
-    ``per_step``: the block runs once per iteration of a serial loop, a step of a
-    :func:`time_loop` or a chunk of :func:`row_chunks` (``per_step``): cutting its reduction
-    into slabs would add a parallel region per iteration and re-read its output."""
-
-    name: str
-    M: object
-    N: object
-    K: object
-    a_layout: str
-    a_dtype: str
-    b_layout: str
-    b_dtype: str
-    per_step: bool = False
-
-
-def capture_gemms():
-    """Collect a :class:`GemmBlock` for every :func:`gemm` emitted inside the ``with`` (which
-    yields the list)."""
-    return _setting(_GEMMS, [])
-
-
-_GEMMS: contextvars.ContextVar[list | None] = contextvars.ContextVar("gemms", default=None)
-_STEPS: contextvars.ContextVar[object] = contextvars.ContextVar("steps", default=None)
-_IN_STEP: contextvars.ContextVar[bool] = contextvars.ContextVar("in_step", default=False)
-#: The open :func:`version`: the suffix of block and scratch names, and whether its blocks run
-#: on one thread.
-_VERSION: contextvars.ContextVar[tuple[str, bool]] = contextvars.ContextVar(
-    "version", default=("", False))
-
-
 @contextlib.contextmanager
-def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequence = (),
-           packs: Sequence = ()):
-    """Open a PrimFunc for ``op`` (an :class:`OpSpec`, or any object with a ``name``); yields
-    ``(buffers, sizes, builder)``.
+def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, variant: KernelVariant,
+           params: Sequence = (), packs: Sequence = (), gemms: list | None = None):
+    """Open a PrimFunc for ``op`` (an :class:`OpSpec`, or any object with a ``name``) in the
+    form ``variant`` says; yields ``(buffers, sizes, builder)``.
 
     ``buffers`` maps every input and output name of the registry to its ``Buffer`` (or to a
     scalar ``Var`` for int64 scalars such as ``seq_len_max``); ``sizes`` maps ``T, B, I, H`` to
-    the (symbolic or constant) sizes. ``params`` overrides the registry's tensor list (for
-    helpers that are not TF ops): a sequence of ``TensorSpec``. ``packs``: the kernel's
-    :class:`~._weights.WeightPack`\ s, float32 parameters between the inputs and the outputs
-    when it is built :func:`prepacked`. Call ``builder.get()`` after the ``with`` block for
-    the PrimFunc.
+    the (symbolic, or the variant's constant) sizes; ``builder`` is the kernel's
+    :class:`KernelBuilder`, which emits its blocks. ``params`` overrides the registry's tensor
+    list (for helpers that are not TF ops): a sequence of ``TensorSpec``. ``packs``: the
+    kernel's :class:`~._weights.WeightPack`\\ s, float32 parameters between the inputs and the
+    outputs when the variant is prepacked. ``gemms``: a list that receives a
+    :class:`GemmBlock` per GEMM block emitted. Call ``builder.get()`` after the ``with`` block
+    for the PrimFunc.
     """
+    fixed = {k: tirx.IntImm("int64", v) for k, v in variant.fixed_sizes}
     sizes = {"T": tirx.Var("T", "int64"), "B": tirx.Var("B", "int64"),
-             **(_FIXED_SIZES.get() or {}), **sizes_of(input_size, cell_size)}
+             **fixed, **sizes_of(input_size, cell_size)}
     inputs = [] if params else list(op.inputs)
     # destination passing: whatever is read (the inputs, prepacked panels) before the outputs
-    specs = list(params) if params else [*inputs, *(packs if prepacked_weights() else ()),
+    specs = list(params) if params else [*inputs, *(packs if variant.prepacked else ()),
                                          *op.outputs]
-    with IRBuilder() as builder:
+    with IRBuilder() as ir:
+        builder = KernelBuilder(variant, ir, gemms)
         with T.prim_func(s_tir=True):
             T.func_name(f"lstm_tvm_{op.name}_{dtype}")
             T.func_attr({"tirx.noalias": True})
@@ -151,11 +70,11 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                 else:
                     shape = spec.concrete_shape(sizes)
                     spec_dtype = dtype if spec.dtype == "T" else spec.dtype
-                    align = input_align(spec_dtype) if spec in inputs else 0
+                    align = variant.input_align(spec_dtype) if spec in inputs else 0
                     buffers[spec.name] = T.arg(spec.name, T.Buffer(
                         shape, spec_dtype, buffer_name=spec.name, align=align))
-            if "seq_len_max" in buffers and _FIXED_SIZES.get():
-                _STEPS.set((buffers["seq_len_max"], sizes["T"]))
+            if "seq_len_max" in buffers and fixed:
+                builder.steps = (buffers["seq_len_max"], sizes["T"])
             if "seq_len_max" in buffers:
                 # Callers outside lstm_tvm's Python API (an exported library) get an error, not
                 # an out-of-bounds access, for a step count beyond the time extent.
@@ -167,62 +86,372 @@ def kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int, params: Sequ
                 yield buffers, sizes, builder
 
 
+class KernelBuilder:
+    """What the blocks of one kernel are emitted with: its :class:`KernelVariant` and the state
+    of the emission (the open :meth:`version`, whether inside a loop body whose GEMMs run per
+    iteration, the GEMM blocks emitted so far).
+
+    Made by :func:`kernel` (or directly, around a ``T.prim_func`` of one's own: ``ir`` is then
+    None); its methods emit blocks into the PrimFunc being built."""
+
+    def __init__(self, variant: KernelVariant = KernelVariant(), ir=None,
+                 gemms: list | None = None):
+        self.variant = variant
+        self._ir = ir
+        #: Receives a :class:`GemmBlock` per :meth:`gemm` block (None: not recorded).
+        self.gemms = gemms
+        #: ``(seq_len_max, T)`` of a kernel with constant sizes (see :meth:`bind_steps`).
+        self.steps = None
+        self._in_step = False
+        #: The open :meth:`version`: the suffix of block and scratch names, and whether its
+        #: blocks run on one thread.
+        self._version = ("", False)
+
+    def get(self):
+        """The PrimFunc built (after :func:`kernel`'s ``with`` block)."""
+        return self._ir.get()
+
+    @property
+    def cpu(self) -> bool:
+        """Whether this is the CPU form of the kernel (see :class:`KernelVariant`)."""
+        return self.variant.cpu
+
+    @property
+    def prepacked(self) -> bool:
+        """Whether the kernel takes its weight panels as parameters."""
+        return self.variant.prepacked
+
+    @contextlib.contextmanager
+    def _state(self, **values):
+        """Set attributes of the emission state inside the ``with``."""
+        old = {k: getattr(self, k) for k in values}
+        for k, v in values.items():
+            setattr(self, k, v)
+        try:
+            yield
+        finally:
+            for k, v in old.items():
+                setattr(self, k, v)
+
+    @contextlib.contextmanager
+    def time_loop(self, steps, extent, reverse: bool = False):
+        """The serial loop over ``steps`` time steps of a sequence kernel, one block
+        :data:`STEP_BLOCK` per step; yields the step's time index (``0 .. steps-1``, or from
+        ``steps-1`` down with ``reverse``), an opaque block iterator over ``extent``. Blocks
+        emitted inside run once per step (GEMMs there are marked ``per_step``)."""
+        with T.serial(0, steps) as s, T.sblock(self._versioned(STEP_BLOCK)):
+            vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
+            T.sblock_attr({TIME_STEP: True})
+            with self._loop_body(True):
+                yield vt
+
+    @contextlib.contextmanager
+    def row_chunks(self, name: str, rows, size: int, per_step: bool = False):
+        """A serial loop over ``rows`` rows in chunks of ``size``, one opaque block ``name`` per
+        chunk; yields the chunk's first row and its row count (``size``, fewer in a last
+        partial chunk). For work whose scratch should hold a chunk, not all rows. With
+        ``per_step`` the GEMMs inside reduce over the chunk's rows (the chunks are their
+        reduction's slabs): they are marked ``per_step`` like those of a :meth:`time_loop`, and
+        not cut further."""
+        chunks = (rows + size - 1) // size
+        if isinstance(chunks, int):
+            chunks = tirx.IntImm("int64", chunks)
+        with T.serial(0, chunks) as c, T.sblock(name):
+            first = T.axis.opaque(chunks, c, dtype="int64") * size
+            with self._loop_body(per_step):
+                yield first, tirx.min(size, rows - first)
+
+    @contextlib.contextmanager
+    def _loop_body(self, per_step: bool):
+        """Mark the open block as a loop body whose GEMMs run once per iteration
+        (``per_step``)."""
+        if not per_step:
+            yield
+            return
+        T.sblock_attr({LOOP_BODY: True})
+        with self._state(_in_step=True):
+            yield
+
+    def temp(self, name: str, shape, dtype: str = ACC):
+        """A scratch buffer of the kernel (float32 unless told)."""
+        buf = T.alloc_buffer(shape, dtype)
+        IRBuilder.name(self._versioned(name), buf)
+        return buf
+
+    def panels(self, name: str, rows: int, cols: int, value: Callable, scratch=None,
+               transpose: bool = False):
+        """Float32 scratch holding ``value(r, c)`` for ``r < rows, c < cols`` (block ``name``),
+        and its accessor ``(r, c) -> load``, for a GEMM's right operand (``r`` the reduction
+        index).
+
+        Where :data:`PANEL` divides ``cols`` the matrix is stored as ``cols / PANEL`` panels of
+        ``(rows, PANEL)``, each contiguous: a ``PANEL``-wide register tile then streams one
+        contiguous panel along the reduction instead of a strided column block (up to 30%
+        faster for the recurrent products). Otherwise it is stored ``(rows, cols)``.
+        ``scratch`` (from :meth:`panel_scratch`) is filled instead of a new buffer: one
+        allocated outside a loop whose every iteration refills it. With a constant row count
+        the copy walks panel by panel (block ``(cols / PANEL, rows, PANEL)``), its parallel
+        loop over whole panels: each thread writes panels of its own, contiguously, which a
+        GEMM whose tiles split the columns the same way then finds in that core's cache (it
+        speeds up a sequence forward's recurrent weights at B=1: docs/performance.md,
+        "Earlier figures moved here from code comments").
+
+        ``transpose``: ``value`` reads contiguous memory along ``r``, not ``c`` (the panels of
+        a transposed matrix). The block then walks tiles of :data:`TRANSPOSE_TILE` rows of one
+        panel, ``r`` innermost: it reads whole cache lines of the source and writes each tile
+        (4 KiB) while it is in the L1 cache. Along ``c`` the source's lines lie a row of the
+        source apart, often a multiple of 4 KiB: those of one tile would all fall in one set
+        of the L1 cache and evict each other (docs/performance.md, "transposed weights").
+        """
+        shape, at = panel_layout(rows, cols)
+        buf = self.temp(name, shape) if scratch is None else scratch
+        if (transpose and not cols % PANEL and isinstance(rows, int)
+                and not rows % TRANSPOSE_TILE):
+            tile = TRANSPOSE_TILE
+
+            def store_tile(cp, rt, c, r):
+                row, col = rt * tile + r, cp * PANEL + c
+                T.buffer_store(buf, value(row, col), list(at(row, col)))
+
+            self.spatial(name, (cols // PANEL, rows // tile, PANEL, tile), store_tile)
+        elif not cols % PANEL and isinstance(rows, int):
+            self.spatial(name, (cols // PANEL, rows, PANEL), lambda p, r, c: T.buffer_store(
+                buf, value(r, p * PANEL + c), [p, r, c]))
+        else:
+            self.spatial(name, (rows, cols), lambda r, c: T.buffer_store(
+                buf, value(r, c), list(at(r, c))))
+        return lambda r, c: buf[at(r, c)]
+
+    def panel_scratch(self, name: str, rows: int, cols: int):
+        """A float32 scratch for ``panels(..., scratch=)`` of that many rows and columns."""
+        return self.temp(name, panel_layout(rows, cols)[0])
+
+    def gemm(self, name: str, out, M, N, K, a: Callable, b: Callable,
+             init: Callable | None = None, pad: bool = True, row0=0,
+             out_panels: bool = False, multiple: int = ROW_TILE, rest_out=None) -> None:
+        """``out[row0 + m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N,
+        k < K``.
+
+        ``K`` may be symbolic. With ``pad`` (for a symbolic ``M``) the rows
+        ``M <= m < padded(M, multiple)`` are computed too: ``a`` must be readable there (a
+        scratch operand with spare rows) and ``out`` must have them; callers ignore their
+        results. ``out_panels``: ``out`` is stored as panels, ``(N / PANEL, M, PANEL)`` (see
+        :meth:`panels`), for a symbolic ``N`` (a multiple of ``PANEL``): an output row stride
+        that is not a constant keeps LLVM from holding the accumulators in registers.
+
+        For a CPU whose register tile has rows that do not divide ``ROW_TILE``
+        (:attr:`KernelVariant.gemm_tile_rows`) the rows are two blocks: ``name`` over the most
+        rows that are a multiple of the tile's, ``<name>_rest`` over the (at most
+        ``tile - 1``, an even number of) rows left, through a view of ``out`` of its own:
+        ``rest_out`` (:meth:`rest_view`), made here when not given, which a GEMM inside a
+        loop's block cannot (the view must be declared outside it). AVX2's 6x16 tile ran GEMMs
+        15-20% faster than 4x16 (docs/performance.md).
+        """
+        rows = padded(M, multiple) if pad else M
+        split = self._row_split(rows, multiple if pad else 1)
+        if split is None:
+            self._gemm_block(name, out, rows, N, K, a, b, init, row0, out_panels)
+            return
+        head, rest = split
+        self._gemm_block(name, out, head, N, K, a, b, init, row0, out_panels)
+        self._gemm_block(f"{name}_rest", self.rest_view(out) if rest_out is None else rest_out,
+                         rest, N, K, lambda m, k: a(head + m, k), b,
+                         None if init is None else (lambda m, n: init(head + m, n)),
+                         row0 + head, out_panels)
+
+    def rest_view(self, out):
+        """A view of all of ``out`` for the rows a :meth:`gemm` cut for the register tile's
+        rows leaves (None where GEMMs are not cut): make it outside the loop whose body holds
+        the GEMM."""
+        if not self._cut_rows():
+            return None
+        view = T.decl_buffer(out.shape, out.dtype, data=out.data, elem_offset=out.elem_offset)
+        IRBuilder.name(f"{out.name}_rest", view)
+        return view
+
+    def _row_split(self, rows, multiple: int):
+        """``(head, rest)`` row counts of a :meth:`gemm` over ``rows`` rows (a multiple of
+        ``multiple``) cut for the register tile's rows, or None where it is not cut: no tile
+        rows, a tile that divides ``ROW_TILE``, constant rows the tile divides or exceeds, or a
+        symbolic count not known to be a multiple of ``ROW_TILE`` (the rest is then even:
+        ``2 * (rest // 2)``, which lets a schedule tile it by two rows)."""
+        tile = self._cut_rows()
+        if not tile:
+            return None
+        if is_static(rows):
+            rows = int(rows)
+            return None if rows % tile == 0 or rows < tile else (rows // tile * tile,
+                                                                  rows % tile)
+        if multiple % ROW_TILE and not divides(ROW_TILE, rows):
+            return None
+        head = rows // tile * tile
+        return head, (rows - head) // 2 * 2
+
+    def _cut_rows(self) -> int:
+        """The register tile's rows GEMMs are cut for, or 0 (none, a tile that divides
+        ``ROW_TILE``, or not the CPU form)."""
+        tile = self.variant.gemm_tile_rows
+        return tile if tile and ROW_TILE % tile and self.cpu else 0
+
+    def _gemm_block(self, name, out, rows, N, K, a, b, init, row0, out_panels) -> None:
+        """One GEMM block of :meth:`gemm` over ``rows`` rows (recorded in :attr:`gemms`)."""
+        index = ((lambda m, n: (n // PANEL, row0 + m, n % PANEL)) if out_panels
+                 else (lambda m, n: (row0 + m, n)))
+        self.reduction(name, out, (rows, N), (K,), index,
+                       lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
+        if self.gemms is not None:
+            m, n, k = (tirx.Var(f"gemm_{c}", "int64") for c in "mnk")
+            a_major, a_dtype, _ = gemm_operand(a(m, k), m, k)
+            b_major, b_dtype, b_panel = gemm_operand(b(k, n), k, n)
+            self.gemms.append(GemmBlock(
+                self._versioned(name), *(self.bind_steps(e) for e in (rows, N, K)),
+                "mk" if a_major else "km", a_dtype,
+                "kp" if b_panel else "kn" if b_major else "nk", b_dtype, self._in_step))
+
+    def bind_steps(self, extent):
+        """``extent`` with ``seq_len_max`` replaced by ``T`` in a kernel of constant sizes
+        (tuning tasks, whose sequences run every step), else ``extent`` itself."""
+        if self.steps is None or isinstance(extent, int):
+            return extent
+        from tvm.sym import Analyzer
+        analyzer = Analyzer()
+        analyzer.bind(*self.steps)
+        return analyzer.simplify(extent)
+
+    def step_views(self, out, M) -> tuple:
+        """The views of a per-step GEMM's output ``out`` (``(padded(M), N)``) that the
+        small-batch versions of :meth:`step_gemm` write: ``M`` rows and
+        ``padded(M, SHORT_ROWS)`` rows, and the :meth:`rest_view` of the full version. Make
+        them before the time loop."""
+        return (flat(out, M, name=f"{out.name}_rows"),
+                flat(out, padded(M, SHORT_ROWS), name=f"{out.name}_rows{SHORT_ROWS}"),
+                self.rest_view(out))
+
+    def step_gemm(self, name: str, out, views, M, N, K, a: Callable, b: Callable,
+                  init: Callable | None = None) -> None:
+        """A :meth:`gemm` into ``out`` (``(padded(M), N)``) inside a time step over ``M`` batch
+        rows, in a version chosen by ``M`` (CPU form): below :data:`SINGLE_ROWS_BELOW` rows
+        (one stream or two) block ``<name>_rows`` computes exactly ``M`` rows, one per tile;
+        up to :data:`SHORT_ROWS` rows block ``<name>_rows4`` computes
+        ``padded(M, SHORT_ROWS)``; else block ``name`` computes ``padded(M)`` rows (8x the
+        arithmetic of the step at B = 1, 2x at B = 4). ``views`` are :meth:`step_views` of
+        ``out``: through them each block is the only writer of its buffer, as reductions must
+        be. A constant ``M`` (tuning tasks) emits only the block it takes."""
+        versions = [(SINGLE_ROWS_BELOW, f"{name}_rows", views[0], 1),
+                    (SHORT_ROWS + 1, f"{name}_rows{SHORT_ROWS}", views[1], SHORT_ROWS)]
+        if not self.cpu:
+            versions = []
+
+        def emit(i):
+            if i == len(versions):
+                self.gemm(name, out, M, N, K, a, b, init, rest_out=views[2])
+                return
+            below, block, view, multiple = versions[i]
+            if is_static(M):
+                if int(M) < below:
+                    self.gemm(block, view, M, N, K, a, b, init, multiple=multiple)
+                else:
+                    emit(i + 1)
+                return
+            with T.If(M < below):
+                with T.Then():
+                    self.gemm(block, view, M, N, K, a, b, init, multiple=multiple)
+                with T.Else():
+                    emit(i + 1)
+
+        emit(0)
+
+    def spatial(self, name: str, extents: Sequence, body: Callable,
+                group: str | None = None) -> None:
+        """A data-parallel block over ``extents``; ``body(*block_vars)`` emits its stores.
+
+        Consecutive blocks of one ``group`` (same extents) may run in one parallel loop, one
+        point after the other: each block may read what an earlier block of the group wrote,
+        and write what an earlier one read, only at its own point (the same indices). A CPU
+        block of constant extents below :data:`ONE_THREAD_BELOW` points outside a time step
+        runs on one thread, as :meth:`by_work`'s small versions (a time step's blocks stay
+        parallel: the step runs on every thread of the pool, see ``schedule/cpu/team.py``).
+        """
+        small = (self.cpu and not self._in_step
+                 and all(is_static(e) for e in extents)
+                 and int(np.prod([int(e) for e in extents])) < ONE_THREAD_BELOW)
+        with T.grid(*extents) as loops:
+            loops = _as_list(loops)
+            with T.sblock(self._versioned(name)):
+                axes = T.axis.remap("S" * len(loops), list(loops))
+                axes = _as_list(axes)
+                # a version's group of its own: a run never spans the branches of an ``if``
+                self._annotate({FUSE_GROUP: self._versioned(group)} if group is not None
+                               else {}, small)
+                body(*axes)
+
+    def reduction(self, name: str, out, spatial_extents: Sequence, reduce_extents: Sequence,
+                  index: Callable, term: Callable, init: Callable | None = None) -> None:
+        """``out[index(s)] = init(s) + sum over r of term(s, r)``, as one reduction block.
+
+        ``s`` are the spatial block vars, ``r`` the reduction ones; ``init`` defaults to 0.
+        """
+        n_s = len(spatial_extents)
+        with T.grid(*spatial_extents, *reduce_extents) as loops:
+            loops = _as_list(loops)
+            with T.sblock(self._versioned(name)):
+                axes = T.axis.remap("S" * n_s + "R" * len(reduce_extents), list(loops))
+                axes = _as_list(axes)
+                self._annotate({})
+                s, r = list(axes[:n_s]), list(axes[n_s:])
+                idx = list(index(*s))
+                with T.init():
+                    T.buffer_store(out, init(*s) if init is not None else zero(out.dtype), idx)
+                T.buffer_store(out, out[tuple(idx)] + term(s, r), idx)
+
+    def by_work(self, points, emit: Callable[[], None]) -> None:
+        """Emit ``emit()``'s blocks (elementwise blocks and sums of :meth:`spatial`,
+        :meth:`reduction` and :meth:`temp` scratch) in a version chosen by ``points``, their
+        work in elements (the cell ops pass ``B * 4H`` for their gate math): below
+        :data:`ONE_THREAD_BELOW` a version whose blocks and scratch are named ``<name>_1t``
+        and marked :data:`ONE_THREAD` (their loops stay on the calling thread), else the plain
+        one. A constant ``points`` (tuning tasks) emits only the version it takes; the GPU
+        form only the plain one."""
+        if not self.cpu:
+            emit()
+            return
+        if is_static(points):
+            if int(points) < ONE_THREAD_BELOW:
+                with self.version("_1t", one_thread=True):
+                    emit()
+            else:
+                emit()
+            return
+        with T.If(points < ONE_THREAD_BELOW):
+            with T.Then(), self.version("_1t", one_thread=True):
+                emit()
+            with T.Else():
+                emit()
+
+    def version(self, suffix: str, one_thread: bool = False):
+        """Emit a second version of blocks (the other branch of an ``if`` on the sizes): every
+        block and scratch emitted inside is named ``<name><suffix>`` (block names must be
+        unique), fusion groups and time steps included; with ``one_thread`` its blocks are
+        marked :data:`ONE_THREAD`. Versions nest."""
+        outer, alone = self._version
+        return self._state(_version=(outer + suffix, alone or one_thread))
+
+    def _versioned(self, name: str) -> str:
+        """``name`` as the open :meth:`version` names it."""
+        return name + self._version[0]
+
+    def _annotate(self, annotations: dict, one_thread: bool = False) -> None:
+        """Annotate the open block with ``annotations`` (and :data:`ONE_THREAD` where it
+        holds)."""
+        if one_thread or self._version[1]:
+            annotations = {**annotations, ONE_THREAD: True}
+        if annotations:
+            T.sblock_attr(annotations)
+
+
 def sizes_of(input_size: int, cell_size: int) -> dict:
     """The constant sizes of every kernel of ``I = input_size``, ``H = cell_size``."""
     return {"I": input_size, "H": cell_size}
-
-
-def input_align(dtype: str) -> int:
-    """The alignment an input buffer of ``dtype`` declares: its element's size for a CPU
-    build (see :func:`cpu_variants`), else 0 (TVM's allocation alignment, 64 bytes)."""
-    return np.dtype(dtype).itemsize if cpu_variants() else 0
-
-
-@contextlib.contextmanager
-def time_loop(steps, extent, reverse: bool = False):
-    """The serial loop over ``steps`` time steps of a sequence kernel, one block
-    :data:`STEP_BLOCK` per step; yields the step's time index (``0 .. steps-1``, or from
-    ``steps-1`` down with ``reverse``), an opaque block iterator over ``extent``. Blocks
-    emitted inside run once per step (GEMMs there are marked ``per_step``)."""
-    with T.serial(0, steps) as s, T.sblock(_versioned(STEP_BLOCK)):
-        vt = T.axis.opaque(extent, steps - 1 - s if reverse else s, dtype="int64")
-        T.sblock_attr({TIME_STEP: True})
-        with _loop_body(True):
-            yield vt
-
-
-@contextlib.contextmanager
-def row_chunks(name: str, rows, size: int, per_step: bool = False):
-    """A serial loop over ``rows`` rows in chunks of ``size``, one opaque block ``name`` per
-    chunk; yields the chunk's first row and its row count (``size``, fewer in a last partial
-    chunk). For work whose scratch should hold a chunk, not all rows. With ``per_step`` the
-    GEMMs inside reduce over the chunk's rows (the chunks are their reduction's slabs): they
-    are marked ``per_step`` like those of a :func:`time_loop`, and not cut further."""
-    chunks = (rows + size - 1) // size
-    if isinstance(chunks, int):
-        chunks = tirx.IntImm("int64", chunks)
-    with T.serial(0, chunks) as c, T.sblock(name):
-        first = T.axis.opaque(chunks, c, dtype="int64") * size
-        with _loop_body(per_step):
-            yield first, tirx.min(size, rows - first)
-
-
-@contextlib.contextmanager
-def _loop_body(per_step: bool):
-    """Mark the open block as a loop body whose GEMMs run once per iteration (``per_step``)."""
-    if not per_step:
-        yield
-        return
-    T.sblock_attr({LOOP_BODY: True})
-    with _setting(_IN_STEP, True):
-        yield
-
-
-def temp(name: str, shape, dtype: str = ACC):
-    """A scratch buffer of the kernel (float32 unless told)."""
-    buf = T.alloc_buffer(shape, dtype)
-    IRBuilder.name(_versioned(name), buf)
-    return buf
 
 
 def flat(buffer, rows, first=0, name: str | None = None):
@@ -242,72 +471,12 @@ def flat(buffer, rows, first=0, name: str | None = None):
     return view
 
 
-def panels(name: str, rows: int, cols: int, value: Callable, scratch=None,
-           transpose: bool = False):
-    """Float32 scratch holding ``value(r, c)`` for ``r < rows, c < cols`` (block ``name``), and
-    its accessor ``(r, c) -> load``, for a GEMM's right operand (``r`` the reduction index).
-
-    Where :data:`PANEL` divides ``cols`` the matrix is stored as ``cols / PANEL`` panels of
-    ``(rows, PANEL)``, each contiguous: a ``PANEL``-wide register tile then streams one
-    contiguous panel along the reduction instead of a strided column block (up to 30% faster
-    for the recurrent products). Otherwise it is stored ``(rows, cols)``. ``scratch`` (from
-    :func:`panel_scratch`) is filled instead of a new buffer: one allocated outside a loop
-    whose every iteration refills it. With a constant row count the copy walks panel by panel
-    (block ``(cols / PANEL, rows, PANEL)``), its parallel loop over whole panels: each thread
-    writes panels of its own, contiguously, which a GEMM whose tiles split the columns the
-    same way then finds in that core's cache (it speeds up a sequence forward's recurrent
-    weights at B=1: docs/performance.md, "Earlier figures moved here from code comments").
-
-    ``transpose``: ``value`` reads contiguous memory along ``r``, not ``c`` (the panels of a
-    transposed matrix). The block then walks tiles of :data:`TRANSPOSE_TILE` rows of one
-    panel, ``r`` innermost: it reads whole cache lines of the source and writes each tile
-    (4 KiB) while it is in the L1 cache. Along ``c`` the source's lines lie a row of the source
-    apart, often a multiple of 4 KiB: those of one tile would all fall in one set of the L1
-    cache and evict each other (docs/performance.md, "transposed weights").
-    """
-    shape, at = panel_layout(rows, cols)
-    buf = temp(name, shape) if scratch is None else scratch
-    if transpose and not cols % PANEL and isinstance(rows, int) and not rows % TRANSPOSE_TILE:
-        tile = TRANSPOSE_TILE
-
-        def store_tile(cp, rt, c, r):
-            row, col = rt * tile + r, cp * PANEL + c
-            T.buffer_store(buf, value(row, col), list(at(row, col)))
-
-        spatial(name, (cols // PANEL, rows // tile, PANEL, tile), store_tile)
-    elif not cols % PANEL and isinstance(rows, int):
-        spatial(name, (cols // PANEL, rows, PANEL), lambda p, r, c: T.buffer_store(
-            buf, value(r, p * PANEL + c), [p, r, c]))
-    else:
-        spatial(name, (rows, cols), lambda r, c: T.buffer_store(buf, value(r, c),
-                                                                 list(at(r, c))))
-    return lambda r, c: buf[at(r, c)]
-
-
-def panel_scratch(name: str, rows: int, cols: int):
-    """A float32 scratch for ``panels(..., scratch=)`` of that many rows and columns."""
-    return temp(name, panel_layout(rows, cols)[0])
-
-
 def panel_layout(rows: int, cols: int):
-    """The shape of :func:`panels`' buffer for a ``(rows, cols)`` matrix, and its index map
+    """The shape of ``panels``' buffer for a ``(rows, cols)`` matrix, and its index map
     ``(r, c) -> index``."""
     if cols % PANEL:
         return (rows, cols), lambda r, c: (r, c)
     return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
-
-
-def is_static(extent) -> bool:
-    """Whether ``extent`` is known when the kernel is built (an ``int`` or ``IntImm``)."""
-    return isinstance(extent, (int, tirx.IntImm))
-
-
-def divides(factor: int, extent) -> bool:
-    """Whether ``factor`` provably divides ``extent`` (symbolic extents included)."""
-    from tvm.sym import Analyzer
-
-    rem = Analyzer().simplify(tirx.floormod(extent, factor))
-    return isinstance(rem, tirx.IntImm) and rem.value == 0
 
 
 def padded(rows, multiple: int = ROW_TILE):
@@ -316,317 +485,6 @@ def padded(rows, multiple: int = ROW_TILE):
     if multiple == 1:
         return rows
     return (rows + multiple - 1) // multiple * multiple
-
-
-def gemm(name: str, out, M, N, K, a: Callable, b: Callable,
-         init: Callable | None = None, pad: bool = True, row0=0,
-         out_panels: bool = False, multiple: int = ROW_TILE, rest_out=None) -> None:
-    """``out[row0 + m, n] = init(m, n) + sum_k a(m, k) * b(k, n)`` for ``m < M, n < N, k < K``.
-
-    ``K`` may be symbolic. With ``pad`` (for a symbolic ``M``) the rows
-    ``M <= m < padded(M, multiple)`` are computed too: ``a`` must be readable there (a scratch
-    operand with spare rows) and ``out`` must have them; callers ignore their results.
-    ``out_panels``: ``out`` is stored as panels, ``(N / PANEL, M, PANEL)`` (see :func:`panels`),
-    for a symbolic ``N`` (a multiple of ``PANEL``): an output row stride that is not a
-    constant keeps LLVM from holding the accumulators in registers.
-
-    Under :func:`tile_rows` (a CPU whose register tile has rows that do not divide
-    ``ROW_TILE``) the rows are two blocks: ``name`` over the most rows that are a multiple of
-    the tile's, ``<name>_rest`` over the (at most ``tile - 1``, an even number of) rows left,
-    through a view of ``out`` of its own: ``rest_out`` (:func:`rest_view`), made here when not
-    given, which a GEMM inside a loop's block cannot (the view must be declared outside it).
-    AVX2's 6x16 tile ran GEMMs 15-20% faster than 4x16 (docs/performance.md).
-    """
-    rows = padded(M, multiple) if pad else M
-    split = _row_split(rows, multiple if pad else 1)
-    if split is None:
-        _gemm_block(name, out, rows, N, K, a, b, init, row0, out_panels)
-        return
-    head, rest = split
-    _gemm_block(name, out, head, N, K, a, b, init, row0, out_panels)
-    _gemm_block(f"{name}_rest", rest_view(out) if rest_out is None else rest_out, rest, N, K,
-                lambda m, k: a(head + m, k), b,
-                None if init is None else (lambda m, n: init(head + m, n)), row0 + head,
-                out_panels)
-
-
-def rest_view(out):
-    """A view of all of ``out`` for the rows a :func:`gemm` cut for :func:`tile_rows` leaves
-    (None where GEMMs are not cut): make it outside the loop whose body holds the GEMM."""
-    if not _cut_rows():
-        return None
-    view = T.decl_buffer(out.shape, out.dtype, data=out.data, elem_offset=out.elem_offset)
-    IRBuilder.name(f"{out.name}_rest", view)
-    return view
-
-
-def _row_split(rows, multiple: int):
-    """``(head, rest)`` row counts of a :func:`gemm` over ``rows`` rows (a multiple of
-    ``multiple``) cut for :func:`tile_rows`, or None where it is not cut: no tile rows set, a
-    tile that divides ``ROW_TILE``, constant rows the tile divides or exceeds, or a symbolic
-    count not known to be a multiple of ``ROW_TILE`` (the rest is then even: ``2 * (rest //
-    2)``, which lets a schedule tile it by two rows)."""
-    tile = _cut_rows()
-    if not tile:
-        return None
-    if is_static(rows):
-        rows = int(rows)
-        return None if rows % tile == 0 or rows < tile else (rows // tile * tile, rows % tile)
-    if multiple % ROW_TILE and not divides(ROW_TILE, rows):
-        return None
-    head = rows // tile * tile
-    return head, (rows - head) // 2 * 2
-
-
-def _cut_rows() -> int:
-    """The :func:`tile_rows` GEMMs of the kernel being built are cut for, or 0 (none set, a
-    tile that divides ``ROW_TILE``, or not a CPU build)."""
-    tile = _TILE_ROWS.get()
-    return tile if tile and ROW_TILE % tile and cpu_variants() else 0
-
-
-def _gemm_block(name, out, rows, N, K, a, b, init, row0, out_panels) -> None:
-    """One GEMM block of :func:`gemm` over ``rows`` rows (recorded for tuning)."""
-    index = ((lambda m, n: (n // PANEL, row0 + m, n % PANEL)) if out_panels
-             else (lambda m, n: (row0 + m, n)))
-    reduction(name, out, (rows, N), (K,), index,
-              lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init)
-    found = _GEMMS.get()
-    if found is not None:
-        m, n, k = (tirx.Var(f"gemm_{c}", "int64") for c in "mnk")
-        a_major, a_dtype, _ = _operand(a(m, k), m, k)
-        b_major, b_dtype, b_panel = _operand(b(k, n), k, n)
-        found.append(GemmBlock(_versioned(name), *(bind_steps(e) for e in (rows, N, K)),
-                               "mk" if a_major else "km", a_dtype,
-                               "kp" if b_panel else "kn" if b_major else "nk", b_dtype,
-                               _IN_STEP.get()))
-
-
-def bind_steps(extent):
-    """``extent`` with ``seq_len_max`` replaced by ``T`` under :func:`fixed_sizes` (tuning
-    tasks, whose sequences run every step), else ``extent`` itself."""
-    steps = _STEPS.get()
-    if steps is None or isinstance(extent, int):
-        return extent
-    from tvm.sym import Analyzer
-    analyzer = Analyzer()
-    analyzer.bind(*steps)
-    return analyzer.simplify(extent)
-
-
-#: Batches below this many rows run their per-step GEMMs one row per tile, without padding.
-#: A one-row tile holds two vectors of accumulators, too few to hide the FMA latency, so from
-#: 3 rows on a tile of several rows is as fast or faster (docs/performance.md).
-SINGLE_ROWS_BELOW = 3
-#: Batches of ``SINGLE_ROWS_BELOW`` up to this many rows run their per-step GEMMs padded to
-#: this many rows, not ``ROW_TILE`` (half the arithmetic at B = 4): a tile of 4 rows holds
-#: enough accumulators with AVX2, NEON and AVX-512 alike.
-SHORT_ROWS = 4
-
-
-_CPU_KERNELS: contextvars.ContextVar[bool] = contextvars.ContextVar("cpu_kernels", default=True)
-
-
-def cpu_kernels(enabled: bool):
-    """Build kernels for a CPU (default) or not (the GPU schedules): see :func:`cpu_variants`."""
-    return _setting(_CPU_KERNELS, enabled)
-
-
-_TILE_ROWS: contextvars.ContextVar[int] = contextvars.ContextVar("tile_rows", default=0)
-
-
-def tile_rows(rows: int):
-    """Build CPU kernels for a target whose GEMM register tile has ``rows`` rows (0: one that
-    divides ``ROW_TILE``): GEMMs whose rows it does not divide are cut in two blocks (see
-    :func:`gemm`)."""
-    return _setting(_TILE_ROWS, rows)
-
-
-_PREPACKED: contextvars.ContextVar[bool] = contextvars.ContextVar("prepacked", default=False)
-
-
-def prepacked(enabled: bool):
-    """Build kernels that take their weight panels as parameters (see :mod:`._weights`)."""
-    return _setting(_PREPACKED, enabled)
-
-
-def prepacked_weights() -> bool:
-    """Whether the kernel being built takes its weight panels as parameters."""
-    return _PREPACKED.get()
-
-
-def cpu_variants() -> bool:
-    """Whether the kernel being built is for a CPU (:func:`cpu_kernels`), and so takes the
-    versions only a CPU schedule handles: the small-batch versions of a step's GEMMs
-    (:func:`step_gemm`), the weight gradient's tail chunk (the GPU tiles need constant
-    extents), and inputs that need only their element's alignment (x86 and AArch64 load vectors
-    from any address, at the aligned speed on aligned data, so callers pass any C-contiguous
-    array in place; a GPU build keeps TVM's 64 bytes). Outputs keep 64 bytes either way."""
-    return _CPU_KERNELS.get()
-
-
-def step_views(out, M) -> tuple:
-    """The views of a per-step GEMM's output ``out`` (``(padded(M), N)``) that the small-batch
-    versions of :func:`step_gemm` write: ``M`` rows and ``padded(M, SHORT_ROWS)`` rows, and the
-    :func:`rest_view` of the full version. Make them before the time loop."""
-    return (flat(out, M, name=f"{out.name}_rows"),
-            flat(out, padded(M, SHORT_ROWS), name=f"{out.name}_rows{SHORT_ROWS}"),
-            rest_view(out))
-
-
-def step_gemm(name: str, out, views, M, N, K, a: Callable, b: Callable,
-              init: Callable | None = None) -> None:
-    """A :func:`gemm` into ``out`` (``(padded(M), N)``) inside a time step over ``M`` batch
-    rows, in a version chosen by ``M``: below :data:`SINGLE_ROWS_BELOW` rows (one stream or
-    two) block ``<name>_rows`` computes exactly ``M`` rows, one per tile; up to
-    :data:`SHORT_ROWS` rows block ``<name>_rows4`` computes ``padded(M, SHORT_ROWS)``; else
-    block ``name`` computes ``padded(M)`` rows (8x the arithmetic of the step at B = 1, 2x at
-    B = 4). ``views`` are :func:`step_views` of ``out``: through them each block is the only
-    writer of its buffer, as reductions must be. A constant ``M`` (tuning tasks) emits only
-    the block it takes."""
-    versions = [(SINGLE_ROWS_BELOW, f"{name}_rows", views[0], 1),
-                (SHORT_ROWS + 1, f"{name}_rows{SHORT_ROWS}", views[1], SHORT_ROWS)]
-    if not cpu_variants():
-        versions = []
-
-    def emit(i):
-        if i == len(versions):
-            gemm(name, out, M, N, K, a, b, init, rest_out=views[2])
-            return
-        below, block, view, multiple = versions[i]
-        if is_static(M):
-            if int(M) < below:
-                gemm(block, view, M, N, K, a, b, init, multiple=multiple)
-            else:
-                emit(i + 1)
-            return
-        with T.If(M < below):
-            with T.Then():
-                gemm(block, view, M, N, K, a, b, init, multiple=multiple)
-            with T.Else():
-                emit(i + 1)
-
-    emit(0)
-
-
-def tensor_loads(expr):
-    """The tensor loads in the expression ``expr``, depth first (not those inside a load's
-    own indices)."""
-    stack = [expr]
-    while stack:
-        node = stack.pop()
-        if hasattr(node, "indices"):
-            yield node
-            continue
-        for field in ("value", "a", "b", "true_value", "false_value"):
-            if hasattr(node, field):
-                stack.append(getattr(node, field))
-        stack.extend(reversed(list(getattr(node, "args", ()))))
-
-
-def uses_var(expr, var) -> bool:
-    """Whether ``expr`` reads the variable ``var`` (the same object, not just its name)."""
-    return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
-
-
-def _operand(expr, row, col) -> tuple[bool, str, bool]:
-    """Whether the first tensor load in ``expr`` indexing ``row``/``col`` is contiguous along
-    ``col`` (row-major), the loaded tensor's dtype, and whether it is stored as panels."""
-    for load in tensor_loads(expr):
-        if any(uses_var(i, row) or uses_var(i, col) for i in load.indices):
-            return (uses_var(load.indices[-1], col), str(load.source.dtype),
-                    len(load.indices) == 3)
-    raise ValueError(f"no tensor operand in {expr}")
-
-
-def spatial(name: str, extents: Sequence, body: Callable, group: str | None = None) -> None:
-    """A data-parallel block over ``extents``; ``body(*block_vars)`` emits its stores.
-
-    Consecutive blocks of one ``group`` (same extents) may run in one parallel loop, one
-    point after the other: each block may read what an earlier block of the group wrote, and
-    write what an earlier one read, only at its own point (the same indices). A CPU block of
-    constant extents below :data:`ONE_THREAD_BELOW` points outside a time step runs on one
-    thread, as :func:`by_work`'s small versions (a time step's blocks stay parallel: the step
-    runs on every thread of the pool, see ``schedule/cpu/team.py``).
-    """
-    small = (cpu_variants() and not _IN_STEP.get()
-             and all(is_static(e) for e in extents)
-             and int(np.prod([int(e) for e in extents])) < ONE_THREAD_BELOW)
-    with T.grid(*extents) as loops:
-        loops = _as_list(loops)
-        with T.sblock(_versioned(name)):
-            axes = T.axis.remap("S" * len(loops), list(loops))
-            axes = _as_list(axes)
-            # a version's group of its own: a run never spans the branches of an ``if``
-            _annotate({FUSE_GROUP: _versioned(group)} if group is not None else {}, small)
-            body(*axes)
-
-
-def reduction(name: str, out, spatial_extents: Sequence, reduce_extents: Sequence,
-              index: Callable, term: Callable, init: Callable | None = None) -> None:
-    """``out[index(s)] = init(s) + sum over r of term(s, r)``, as one reduction block.
-
-    ``s`` are the spatial block vars, ``r`` the reduction ones; ``init`` defaults to 0.
-    """
-    n_s = len(spatial_extents)
-    with T.grid(*spatial_extents, *reduce_extents) as loops:
-        loops = _as_list(loops)
-        with T.sblock(_versioned(name)):
-            axes = T.axis.remap("S" * n_s + "R" * len(reduce_extents), list(loops))
-            axes = _as_list(axes)
-            _annotate({})
-            s, r = list(axes[:n_s]), list(axes[n_s:])
-            idx = list(index(*s))
-            with T.init():
-                T.buffer_store(out, init(*s) if init is not None else zero(out.dtype), idx)
-            T.buffer_store(out, out[tuple(idx)] + term(s, r), idx)
-
-
-def by_work(points, emit: Callable[[], None]) -> None:
-    """Emit ``emit()``'s blocks (elementwise blocks and sums of :func:`spatial`,
-    :func:`reduction` and :func:`temp` scratch) in a version chosen by ``points``, their work
-    in elements (the cell ops pass ``B * 4H`` for their gate math): below
-    :data:`ONE_THREAD_BELOW` a version whose blocks and scratch are named ``<name>_1t`` and
-    marked :data:`ONE_THREAD` (their loops stay on the calling thread), else the plain one. A
-    constant ``points`` (tuning tasks) emits only the version it takes; GPU builds only the
-    plain one (see :func:`cpu_variants`)."""
-    if not cpu_variants():
-        emit()
-        return
-    if is_static(points):
-        if int(points) < ONE_THREAD_BELOW:
-            with version("_1t", one_thread=True):
-                emit()
-        else:
-            emit()
-        return
-    with T.If(points < ONE_THREAD_BELOW):
-        with T.Then(), version("_1t", one_thread=True):
-            emit()
-        with T.Else():
-            emit()
-
-
-def version(suffix: str, one_thread: bool = False):
-    """Emit a second version of blocks (the other branch of an ``if`` on the sizes): every
-    block and scratch emitted inside is named ``<name><suffix>`` (block names must be unique),
-    fusion groups and time steps included; with ``one_thread`` its blocks are marked
-    :data:`ONE_THREAD`. Versions nest."""
-    outer, alone = _VERSION.get()
-    return _setting(_VERSION, (outer + suffix, alone or one_thread))
-
-
-def _versioned(name: str) -> str:
-    """``name`` as the open :func:`version` names it."""
-    return name + _VERSION.get()[0]
-
-
-def _annotate(annotations: dict, one_thread: bool = False) -> None:
-    """Annotate the open block with ``annotations`` (and :data:`ONE_THREAD` where it holds)."""
-    if one_thread or _VERSION.get()[1]:
-        annotations = {**annotations, ONE_THREAD: True}
-    if annotations:
-        T.sblock_attr(annotations)
 
 
 def _as_list(values) -> list:

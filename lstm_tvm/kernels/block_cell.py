@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
-from ._builder import (T, by_work, kernel, padded, prepacked_weights, reduction, spatial,
-                       step_gemm, step_views, temp, zero)
+from ._builder import T, kernel, padded, zero
 from ._gates import (ICF, CellConfig, cell_backward, cell_forward, f32, gate_activations,
                      gate_offsets, store)
 from ._weights import WeightPack, weight_panels
+from .variant import KernelVariant
 
 
 def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
@@ -18,43 +18,44 @@ def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
                        lambda w, k, j: w[k, j]),)
 
 
-def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
+def lstm_block_cell(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
+        variant: KernelVariant, gemms: list | None = None):
     """``LSTMBlockCell``: ``g = [x, h_prev] @ w + b`` (block ``gates``, or ``gates_rows`` /
-    ``gates_rows4`` at small batches as a sequence step's, see :func:`step_gemm`; its operand
+    ``gates_rows4`` at small batches as a sequence step's, see ``kb.step_gemm``; its operand
     gathered, widened and row-padded by block ``xh``), then the gate math of one step (blocks
     ``gate_act`` and ``cell``, see :func:`cell_blocks`); at small batches ``xh`` and the gate
-    math run on one thread (blocks ``<name>_1t``, see :func:`by_work`). It reads ``w`` in
+    math run on one thread (blocks ``<name>_1t``, see ``kb.by_work``). It reads ``w`` in
     place, or built prepacked, its panels (:func:`weight_packs`)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     cfg = CellConfig(forget_bias_of(op, attrs), attrs["cell_clip"], attrs["use_peephole"])
     packs = weight_packs(I, H)
-    with kernel(op, dtype, I, H, packs=packs) as (buf, size, builder):
+    with kernel(op, dtype, I, H, variant, packs=packs, gemms=gemms) as (buf, size, kb):
         B = size["B"]
         x, h_prev = buf["x"], buf["h_prev"]
-        w = (weight_panels(buf, packs[0]) if prepacked_weights()
+        w = (weight_panels(kb, buf, packs[0]) if kb.prepacked
              else lambda k, j: f32(buf["w"][k, j]))
-        xh, gates = temp("xh", (padded(B), I + H)), temp("gates", (padded(B), G))
-        by_work(padded(B) * (I + H), lambda: spatial(
+        xh, gates = kb.temp("xh", (padded(B), I + H)), kb.temp("gates", (padded(B), G))
+        kb.by_work(padded(B) * (I + H), lambda: kb.spatial(
             "xh", (padded(B), I + H), lambda n, k: T.buffer_store(xh, tirx.if_then_else(
                 n < B, tirx.if_then_else(k < I, f32(x[n, k]), f32(h_prev[n, k - I])), zero()),
                 [n, k])))
-        step_gemm("gates", gates, step_views(gates, B), B, G, I + H, lambda n, k: xh[n, k],
+        kb.step_gemm("gates", gates, kb.step_views(gates, B), B, G, I + H, lambda n, k: xh[n, k],
                   w, init=lambda n, j: f32(buf["b"][j]))
-        acts = activation_scratch(B, H)
-        by_work(B * G, lambda: cell_blocks(
-            cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
+        acts = activation_scratch(kb, B, H)
+        kb.by_work(B * G, lambda: cell_blocks(
+        kb,             cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
             lambda n, k: f32(buf["cs_prev"][n, k]), lambda n, k: (n, k)))
-    return builder.get()
+    return kb.get()
 
 
-def activation_scratch(B, H):
+def activation_scratch(kb, B, H):
     """The float32 scratch of :func:`cell_blocks` (allocate it outside any time loop)."""
-    return temp("acts", (B, len(ICF) * H))
+    return kb.temp("acts", (B, len(ICF) * H))
 
 
-def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_index,
+def cell_blocks(kb, cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_index,
                 state: dict | None = None) -> None:
     """The gate math of one step as two blocks: ``gate_act`` (the input, cell-input and forget
     activations into ``acts``, see :func:`activation_scratch`) and ``cell`` (the cell state, the
@@ -63,7 +64,7 @@ def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_
     ``pre(n, k, gate)`` is a gate's float32 pre-activation, ``cs_prev(n, k)`` the previous
     cell state (float32); ``state`` maps ``"cs"``/``"h"`` to float32 ``(B, H)`` buffers that
     also receive the unrounded values (the sequence kernels carry their state in them).
-    Both blocks are in fusion group ``"cell"`` (see :func:`spatial`).
+    Both blocks are in fusion group ``"cell"`` (see ``kb.spatial``).
     """
     B, H = acts.shape[0], acts.shape[1] // len(ICF)
     slot = {g: j * H for j, g in enumerate(ICF)}
@@ -85,28 +86,29 @@ def cell_blocks(cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, out_
             if state and name in state:
                 T.buffer_store(state[name], value, [n, k])
 
-    spatial("gate_act", (B, H), activations, group="cell")
-    spatial("cell", (B, H), outputs, group="cell")
+    kb.spatial("gate_act", (B, H), activations, group="cell")
+    kb.spatial("cell", (B, H), outputs, group="cell")
 
 
-def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
+def lstm_block_cell_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
+        variant: KernelVariant, gemms: list | None = None):
     """``LSTMBlockCellGrad``: ``dicfo`` and ``cs_prev_grad`` (block ``cell_grad``) and the
     peephole gradients (sums over the batch); small batches on one thread (blocks
-    ``<name>_1t``, see :func:`by_work`)."""
+    ``<name>_1t``, see ``kb.by_work``)."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     peep = bool(attrs["use_peephole"])
-    with kernel(op, dtype, I, H) as (buf, size, builder):
+    with kernel(op, dtype, I, H, variant, gemms=gemms) as (buf, size, kb):
         B = size["B"]
-        by_work(B * G, lambda: _cell_grad_blocks(buf, dtype, peep, B, H, off))
-    return builder.get()
+        kb.by_work(B * G, lambda: _cell_grad_blocks(kb, buf, dtype, peep, B, H, off))
+    return kb.get()
 
 
-def _cell_grad_blocks(buf, dtype, peep, B, H, off):
+def _cell_grad_blocks(kb, buf, dtype, peep, B, H, off):
     """The blocks of ``LSTMBlockCellGrad`` (see there)."""
     G = 4 * H
-    d4 = temp("d4", (B, G))
+    d4 = kb.temp("d4", (B, G))
 
     def body(n, k):
         grads = cell_backward(
@@ -117,23 +119,23 @@ def _cell_grad_blocks(buf, dtype, peep, B, H, off):
             T.buffer_store(d4, value, [n, off[gate] + k])
         T.buffer_store(buf["cs_prev_grad"], store(grads[4], dtype), [n, k])
 
-    spatial("cell_grad", (B, H), body)
-    spatial("dicfo", (B, G), lambda n, j: T.buffer_store(
+    kb.spatial("cell_grad", (B, H), body)
+    kb.spatial("dicfo", (B, G), lambda n, j: T.buffer_store(
         buf["dicfo"], store(d4[n, j], dtype), [n, j]))
-    peephole_grads(buf, dtype, peep, H, B > 0, off, (B,),
+    peephole_grads(kb, buf, dtype, peep, H, B > 0, off, (B,),
                    lambda gate, k, r: d4[r[0], off[gate] + k],
                    lambda k, r: f32(buf["cs_prev"][r[0], k]),
                    lambda k, r: f32(buf["cs"][r[0], k]))
 
 
-def peephole_grads(buf, dtype, peep, H, ran, off, reduce_extents, dgate, cs_prev, cs):
+def peephole_grads(kb, buf, dtype, peep, H, ran, off, reduce_extents, dgate, cs_prev, cs):
     """``wci_grad = sum di * cs_prev``, ``wcf_grad = sum df * cs_prev``, ``wco_grad = sum do * cs``
     over ``reduce_extents`` (zeros without peephole or when nothing was summed)."""
     sums = {}
     if peep:
         for name, gate, state in (("wci", "i", cs_prev), ("wcf", "f", cs_prev), ("wco", "o", cs)):
-            acc = sums[name] = temp(f"{name}_acc", (H,))
-            reduction(f"{name}_grad", acc, (H,), reduce_extents, lambda k: (k,),
+            acc = sums[name] = kb.temp(f"{name}_acc", (H,))
+            kb.reduction(f"{name}_grad", acc, (H,), reduce_extents, lambda k: (k,),
                       lambda s, r, gate=gate, state=state: dgate(gate, s[0], r) * state(s[0], r))
 
     def out(k):
@@ -143,5 +145,5 @@ def peephole_grads(buf, dtype, peep, H, ran, off, reduce_extents, dgate, cs_prev
                      else zero(dtype))
             T.buffer_store(buf[f"{name}_grad"], value, [k])
 
-    spatial("peephole_grad_out", (H,), out)
+    kb.spatial("peephole_grad_out", (H,), out)
 

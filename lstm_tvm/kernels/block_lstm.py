@@ -2,7 +2,7 @@
 
 The input projection ``x @ w[:I] + b`` for all steps is one GEMM over the ``T*B`` rows (block
 ``xw``, reading a float32 ``x`` in place, a float16 one widened once by block ``x_f32``; ``w``
-is copied once into float32 column panels, block ``w_panels``, see :func:`panels`, except in
+is copied once into float32 column panels, block ``w_panels``, see ``kb.panels``, except in
 the version for fewer than :data:`PACK_FROM_ROWS` rows, blocks ``<name>_short``). The time
 loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block
 ``gates``) and the fused gate math (blocks ``gate_act`` and ``cell``, which also writes the
@@ -14,14 +14,15 @@ lstm_tvm is more accurate). Steps ``t >= seq_len_max`` are zero in every output 
 
 from __future__ import annotations
 
-from ..registry import OpSpec, forget_bias_of
 from .._tvm import tirx
-from ._builder import (ROW_TILE, T, bind_steps, by_work, cpu_variants, flat, gemm, is_static,
-                       kernel, padded, prepacked_weights, spatial, step_gemm, step_views, temp,
-                       time_loop, version, zero)
+from ..registry import OpSpec, forget_bias_of
+from ._builder import T, flat, kernel, padded, zero
+from .contract import ROW_TILE
+from .tir_analysis import is_static
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from ._weights import weight_panels
 from .block_cell import activation_scratch, cell_blocks, weight_packs
+from .variant import KernelVariant
 
 #: The forward outputs, all (T, B, H).
 OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
@@ -31,36 +32,38 @@ OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
 PACK_FROM_ROWS = 16
 
 
-def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
+def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
+        variant: KernelVariant, gemms: list | None = None):
     """``BlockLSTM`` / ``BlockLSTMV2`` over ``seq_len_max`` steps; symbolic ``T`` and ``B``.
     CPU builds run sequences of fewer than :data:`PACK_FROM_ROWS` rows (``seq_len_max * B``)
     in a version reading ``w`` in place (blocks ``<name>_short``): packing it costs more than
     it saves there (unless built prepacked: the panels are then a parameter)."""
     packs = weight_packs(input_size, cell_size)
-    with kernel(op, dtype, input_size, cell_size, packs=packs) as (buf, size, builder):
-        rows = bind_steps(buf["seq_len_max"] * size["B"])
-        if (not cpu_variants() or is_static(rows)
-                or prepacked_weights()):
+    with kernel(op, dtype, input_size, cell_size, variant, packs=packs,
+                gemms=gemms) as (buf, size, kb):
+        rows = kb.bind_steps(buf["seq_len_max"] * size["B"])
+        if (not kb.cpu or is_static(rows)
+                or kb.prepacked):
             # GPU builds; tuning tasks (constant sizes): records are made for the packed
             # version, the short one runs the default schedules; prepacked: nothing to save
-            _forward(op, dtype, input_size, cell_size, attrs, buf, size, packed=True)
+            _forward(kb, op, dtype, input_size, cell_size, attrs, buf, size, packed=True)
         else:
             with T.If(rows >= PACK_FROM_ROWS):
                 with T.Then():
-                    _forward(op, dtype, input_size, cell_size, attrs, buf, size, packed=True)
-                with T.Else(), version("_short"):
-                    _forward(op, dtype, input_size, cell_size, attrs, buf, size, packed=False)
+                    _forward(kb, op, dtype, input_size, cell_size, attrs, buf, size, packed=True)
+                with T.Else(), kb.version("_short"):
+                    _forward(kb, op, dtype, input_size, cell_size, attrs, buf, size, packed=False)
         L, Tn, B, H = buf["seq_len_max"], size["T"], size["B"], cell_size
 
         def pad(t, n, k):
             for name in OUTPUTS:
                 T.buffer_store(buf[name], zero(dtype), [L + t, n, k])
 
-        by_work((Tn - L) * B * H, lambda: spatial("pad", (Tn - L, B, H), pad))
-    return builder.get()
+        kb.by_work((Tn - L) * B * H, lambda: kb.spatial("pad", (Tn - L, B, H), pad))
+    return kb.get()
 
 
-def _forward(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict, buf: dict,
+def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict, buf: dict,
              size: dict, packed: bool) -> None:
     """The blocks of :func:`block_lstm`, with ``w`` packed into panels or read in place."""
     I, H = input_size, cell_size
@@ -70,11 +73,11 @@ def _forward(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dic
     L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
     x = flat(buf["x"], Tn * B)
     rows = Tn * B if packed else PACK_FROM_ROWS  # the short version's rows are fewer
-    xw = temp("xw", (rows + ROW_TILE, G))
-    gates, h_state = temp("gates", (padded(B), G)), temp("h_state", (padded(B), H))
-    cs_state, cs_next = temp("cs_state", (B, H)), temp("cs_next", (B, H))
-    acts = activation_scratch(B, H)
-    w = (weight_panels(buf, weight_packs(I, H)[0]) if packed
+    xw = kb.temp("xw", (rows + ROW_TILE, G))
+    gates, h_state = kb.temp("gates", (padded(B), G)), kb.temp("h_state", (padded(B), H))
+    cs_state, cs_next = kb.temp("cs_state", (B, H)), kb.temp("cs_next", (B, H))
+    acts = activation_scratch(kb, B, H)
+    w = (weight_panels(kb, buf, weight_packs(I, H)[0]) if packed
          else lambda k, j: f32(buf["w"][k, j]))
     if dtype == ACC:
         # The padded rows read the last row again (a clamped index: a guarded load in
@@ -86,31 +89,31 @@ def _forward(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dic
         # Widened once, padded rows zero: the GEMMs then load float32, as for float32 (a
         # float16 left operand costs a conversion per element: xw at 100x64x512x512 ran
         # 30% slower).
-        x16, x = x, temp("x_f32", (rows + ROW_TILE, I))
-        spatial("x_f32", (padded(L * B), I), lambda m, k: T.buffer_store(
+        x16, x = x, kb.temp("x_f32", (rows + ROW_TILE, I))
+        kb.spatial("x_f32", (padded(L * B), I), lambda m, k: T.buffer_store(
             x, tirx.if_then_else(m < L * B, f32(x16[m, k]), zero()), [m, k]))
 
         def row(m, k):
             return x[m, k]
-    gemm("xw", xw, L * B, G, I, row, w, init=lambda m, j: f32(buf["b"][j]))
+    kb.gemm("xw", xw, L * B, G, I, row, w, init=lambda m, j: f32(buf["b"][j]))
 
     def init_state(n, k):
         T.buffer_store(h_state, f32(buf["h_prev"][n, k]), [n, k])
         T.buffer_store(cs_state, f32(buf["cs_prev"][n, k]), [n, k])
 
     def state_blocks():
-        spatial("state_init", (B, H), init_state)
-        spatial("state_pad", (padded(B) - B, H), lambda n, k: T.buffer_store(
+        kb.spatial("state_init", (B, H), init_state)
+        kb.spatial("state_pad", (padded(B) - B, H), lambda n, k: T.buffer_store(
             h_state, zero(), [B + n, k]))
 
-    by_work(padded(B) * H, state_blocks)
-    gates_views = step_views(gates, B)
-    with time_loop(L, Tn) as vt:
-        step_gemm("gates", gates, gates_views, B, G, H, lambda n, k: h_state[n, k],
+    kb.by_work(padded(B) * H, state_blocks)
+    gates_views = kb.step_views(gates, B)
+    with kb.time_loop(L, Tn) as vt:
+        kb.step_gemm("gates", gates, gates_views, B, G, H, lambda n, k: h_state[n, k],
                   lambda k, j: w(I + k, j), init=lambda n, j: xw[vt * B + n, j])
-        cell_blocks(cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
+        cell_blocks(kb, cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
                     lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
                     state={"h": h_state, "cs": cs_next})
-        spatial("state_update", (B, H), lambda n, k: T.buffer_store(
+        kb.spatial("state_update", (B, H), lambda n, k: T.buffer_store(
             cs_state, cs_next[n, k], [n, k]), group="cell")
 

@@ -4,7 +4,7 @@ Only the carry ``dh`` is truly serial. The time loop (block ``step``, t = seq_le
 runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients ``dicfo`` and
 the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
 ``w`` is transposed once, into ``w[:I]^T`` and ``w[I:]^T`` (blocks ``w_t_x``, ``w_t_h``, stored
-as column panels, see :func:`panels`), so both products with it stream contiguous memory.
+as column panels, see ``kb.panels``), so both products with it stream contiguous memory.
 After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
 ``x_grad_tail`` for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk
 for float16, the rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs;
@@ -20,12 +20,12 @@ from __future__ import annotations
 
 from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import (K_SLAB, PANEL, ROW_TILE, T, by_work, cpu_variants, flat, gemm, kernel,
-                       padded, panel_layout, panel_scratch, panels, reduction, rest_view,
-                       row_chunks, spatial, step_gemm, step_views, temp, time_loop, zero)
+from ._builder import T, flat, kernel, padded, panel_layout, zero
+from .contract import K_SLAB, PANEL, ROW_TILE
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from ._weights import WeightPack, weight_panels
 from .block_cell import peephole_grads
+from .variant import KernelVariant
 
 #: Rows of ``x_grad`` a float16 sequence backward computes at a time (at most ``K_SLAB``:
 #: the last chunk reads that far past the last row of ``dicfo``).
@@ -61,21 +61,23 @@ def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
             WeightPack("w_t_h", 4 * H, H, lambda w, j, k: w[I + k, j], transpose=True))
 
 
-def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict):
+def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
+        variant: KernelVariant, gemms: list | None = None):
     """``BlockLSTMGrad`` / ``BlockLSTMGradV2``; symbolic ``T`` and ``B``."""
     I, H = input_size, cell_size
     G = 4 * H
     off = gate_offsets(op.gates, H)
     peep = bool(attrs["use_peephole"])
     packs = weight_packs(I, H)
-    with kernel(op, dtype, I, H, packs=packs) as (buf, size, builder):
+    with kernel(op, dtype, I, H, variant, packs=packs, gemms=gemms) as (buf, size, kb):
         L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
         # Row t*B + n holds step t, batch row n; the spare rows feed padded GEMM rows.
-        dicfo = temp("dicfo", (Tn * B + K_SLAB, G))
-        dh, dcs, dcs_next = temp("dh", (padded(B), H)), temp("dcs", (B, H)), temp("dcs_next", (B, H))
-        spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
+        dicfo = kb.temp("dicfo", (Tn * B + K_SLAB, G))
+        dh, dcs = kb.temp("dh", (padded(B), H)), kb.temp("dcs", (B, H))
+        dcs_next = kb.temp("dcs_next", (B, H))
+        kb.spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
-        w_tx, w_th = (weight_panels(buf, pack) for pack in packs)
+        w_tx, w_th = (weight_panels(kb, buf, pack) for pack in packs)
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
             t > 0, f32(buf["cs"][t - 1, n, k]), f32(buf["cs_prev"][n, k]))
 
@@ -83,9 +85,9 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
             T.buffer_store(dh, zero(), [n, k])
             T.buffer_store(dcs, zero(), [n, k])
 
-        by_work(B * H, lambda: spatial("state_init", (B, H), init_state))
-        dh_views = step_views(dh, B)
-        with time_loop(L, Tn, reverse=True) as vt:
+        kb.by_work(B * H, lambda: kb.spatial("state_init", (B, H), init_state))
+        dh_views = kb.step_views(dh, B)
+        with kb.time_loop(L, Tn, reverse=True) as vt:
 
             def cell_grad(n, k):
                 acts = (f32(buf[a][vt, n, k]) for a in ("i", "cs", "f", "o", "ci", "co"))
@@ -98,22 +100,22 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
                     T.buffer_store(dicfo, value, [vt * B + n, off[gate] + k])
                 T.buffer_store(dcs_next, grads[4], [n, k])
 
-            spatial("cell_grad", (B, H), cell_grad, group="cell_grad")
-            spatial("dcs_update", (B, H),
+            kb.spatial("cell_grad", (B, H), cell_grad, group="cell_grad")
+            kb.spatial("dcs_update", (B, H),
                     lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
                     group="cell_grad")
-            step_gemm("dh", dh, dh_views, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
-        _weight_grads(buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
+            kb.step_gemm("dh", dh, dh_views, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
+        _weight_grads(kb, buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
 
         def state_out(n, k):
             T.buffer_store(buf["cs_prev_grad"], store(dcs[n, k], dtype), [n, k])
             T.buffer_store(buf["h_prev_grad"], store(dh[n, k], dtype), [n, k])
 
-        by_work(B * H, lambda: spatial("state_grad_out", (B, H), state_out))
-    return builder.get()
+        kb.by_work(B * H, lambda: kb.spatial("state_grad_out", (B, H), state_out))
+    return kb.get()
 
 
-def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
+def _weight_grads(kb, buf, dtype, peep, sizes, off, dicfo, w_tx):
     """The products over all ``M = L*B`` rows at once: ``x_grad``, ``w_grad``, ``b_grad``,
     peepholes.
 
@@ -130,31 +132,31 @@ def _weight_grads(buf, dtype, peep, sizes, off, dicfo, w_tx):
     ran = M > 0  # reductions over the rows never ran their init when this is false
 
     if in_place:
-        _x_grad_in_place(buf, sizes, dicfo, w_tx)
+        _x_grad_in_place(kb, buf, sizes, dicfo, w_tx)
     else:
-        _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx)
+        _x_grad_by_chunks(kb, buf, dtype, sizes, dicfo, w_tx)
 
-    wg = _w_grad(buf, sizes, dicfo, in_place)
-    bg = temp("bg", (G,))
-    reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
-    peephole_grads(buf, dtype, peep, H, ran, off, (M,),
+    wg = _w_grad(kb, buf, sizes, dicfo, in_place)
+    bg = kb.temp("bg", (G,))
+    kb.reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
+    peephole_grads(kb, buf, dtype, peep, H, ran, off, (M,),
                    lambda gate, k, r: dicfo[r[0], off[gate] + k],
                    lambda k, r: tirx.if_then_else(r[0] >= B, f32(cs[r[0] - B, k]),
                                                   f32(buf["cs_prev"][r[0], k])),
                    lambda k, r: f32(cs[r[0], k]))
     if wg is None:  # accumulated in the output
         with T.If(tirx.Not(ran)), T.Then():
-            spatial("w_grad_zero", (I + H, G), lambda k, j: T.buffer_store(
+            kb.spatial("w_grad_zero", (I + H, G), lambda k, j: T.buffer_store(
                 buf["w_grad"], zero(), [k, j]))
     else:
-        spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
+        kb.spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
             buf["w_grad"], tirx.if_then_else(ran, store(wg(k, j), dtype), zero(dtype)),
             [k, j]))
-    spatial("b_grad_out", (G,), lambda j: T.buffer_store(
+    kb.spatial("b_grad_out", (G,), lambda j: T.buffer_store(
         buf["b_grad"], tirx.if_then_else(ran, store(bg[j], dtype), zero(dtype)), [j]))
 
 
-def _w_grad(buf, sizes, dicfo, in_place: bool):
+def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     """``w_grad = [x_t, h_{t-1}]^T @ dicfo``, :func:`w_grad_chunk` rows of the sequence at a
     time (block ``w_grad_chunk``), then the rows left (block ``w_grad_tail_chunk``, when the
     chunk does not divide ``M``). Each chunk packs its rows of ``x`` and ``h_{t-1}`` side by
@@ -168,7 +170,7 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     64x32x256x256 5-6% faster on a Zen 5, docs/performance.md). On GPUs it is the float32
     output (``in_place``) or a row-major scratch. Returns the accumulator's accessor ``(k, j)
     -> value``, or None where it is the output. The tail's GEMM
-    (``w_grad_tail``; CPU builds, see :func:`cpu_variants`) reduces over the rows left rounded
+    (``w_grad_tail``; CPU builds, see :class:`.KernelVariant`) reduces over the rows left rounded
     up to :data:`PANEL`, not a whole chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x the
     arithmetic.
 
@@ -183,27 +185,27 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
     x, h = (flat(buf[n], Tn * B) for n in ("x", "h"))
-    if cpu_variants():
+    if kb.cpu:
         acc_shape, acc_at = panel_layout(I + H, G)
     else:
         acc_shape, acc_at = (I + H, G), lambda k, j: (k, j)
-    in_output = in_place and not cpu_variants()
+    in_output = in_place and not kb.cpu
     acc = (flat(buf["w_grad"], I + H, name="w_grad_rows") if in_output
-           else temp("wg", acc_shape))
+           else kb.temp("wg", acc_shape))
     chunk = w_grad_chunk(I, H)
-    transposed = cpu_variants() and I + H >= W_GRAD_TRANSPOSED_FROM
-    a = temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
-    d_scratch = panel_scratch("w_grad_d", chunk, G)
-    acc_rest = rest_view(acc)
+    transposed = kb.cpu and I + H >= W_GRAD_TRANSPOSED_FROM
+    a = kb.temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
+    d_scratch = kb.panel_scratch("w_grad_d", chunk, G)
+    acc_rest = kb.rest_view(acc)
 
     def pack(name, rows, cols, first_col, value):
         """``a`` at the chunk's rows ``< rows``, columns ``first_col + k``: ``value(r, k)``
         (walked along the rows when transposed: contiguous stores)."""
         if transposed:
-            spatial(name, (cols, rows), lambda k, r: T.buffer_store(
+            kb.spatial(name, (cols, rows), lambda k, r: T.buffer_store(
                 a, value(r, k), [first_col + k, r]))
         else:
-            spatial(name, (rows, cols), lambda r, k: T.buffer_store(
+            kb.spatial(name, (rows, cols), lambda r, k: T.buffer_store(
                 a, value(r, k), [r, first_col + k]))
 
     def chunk_gemm(prefix: str, first, rows):
@@ -215,40 +217,40 @@ def _w_grad(buf, sizes, dicfo, in_place: bool):
             r < B, f32(buf["h_prev"][r, k]), f32(h[r - B, k])))
         pack(f"{prefix}_pack_x", rows, I, 0, x_rows)
         pack(f"{prefix}_pack_h", rows, H, I, h_before)
-        d = panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
-        gemm(prefix, acc, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
+        d = kb.panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
+        kb.gemm(prefix, acc, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
              pad=False, init=lambda k, j: tirx.Select(first > 0, acc[acc_at(k, j)], zero()),
              out_panels=len(acc_shape) == 3, rest_out=acc_rest)
 
-    tail = cpu_variants()  # GPU tiles need a constant reduction: whole chunks only
+    tail = kb.cpu  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
-    with row_chunks("w_grad_chunk", whole, chunk, per_step=True) as (first, _):
+    with kb.row_chunks("w_grad_chunk", whole, chunk, per_step=True) as (first, _):
         chunk_gemm("w_grad", first, chunk)
     if tail:
         # At most one chunk, of the rows left rounded up to PANEL (at most ``chunk``):
         # ``dicfo`` is zero that far past its last row, the packs write zeros there.
-        with row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
+        with kb.row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
             chunk_gemm("w_grad_tail", whole, padded(M - whole, PANEL))
     return None if in_output else (lambda k, j: acc[acc_at(k, j)])
 
 
-def _x_grad_in_place(buf, sizes, dicfo, w_tx):
+def _x_grad_in_place(kb, buf, sizes, dicfo, w_tx):
     """float32 ``x_grad = dicfo @ w[:I]^T`` accumulated in the output: one GEMM over the whole
     row tiles, one over the ``< ROW_TILE`` rows left (through a tile of scratch)."""
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
     whole = M // ROW_TILE * ROW_TILE
-    tail = temp("x_grad_tail", (ROW_TILE, I))
+    tail = kb.temp("x_grad_tail", (ROW_TILE, I))
     head = flat(buf["x_grad"], whole, name="x_grad_head")
     rest = flat(buf["x_grad"], Tn * B - whole, first=whole, name="x_grad_rest")
-    gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], w_tx, pad=False)
-    gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j], w_tx)
-    by_work((Tn * B - whole) * I, lambda: spatial(
+    kb.gemm("x_grad_gemm", head, whole, I, G, lambda r, j: dicfo[r, j], w_tx, pad=False)
+    kb.gemm("x_grad_tail", tail, M - whole, I, G, lambda r, j: dicfo[whole + r, j], w_tx)
+    kb.by_work((Tn * B - whole) * I, lambda: kb.spatial(
         "x_grad_out", (Tn * B - whole, I), lambda r, k: T.buffer_store(
             rest, tirx.if_then_else(whole + r < M, tail[r, k], zero()), [r, k])))
 
 
-def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
+def _x_grad_by_chunks(kb, buf, dtype, sizes, dicfo, w_tx):
     """``x_grad = dicfo @ w[:I]^T`` of a float16 op: accumulated in float32 one chunk of
     ``X_GRAD_CHUNK`` rows at a time (block ``x_grad_chunk``), then rounded into the output,
     so the float32 scratch does not grow with the sequence. CPU builds compute the rows left
@@ -259,23 +261,23 @@ def _x_grad_by_chunks(buf, dtype, sizes, dicfo, w_tx):
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
     x_grad = flat(buf["x_grad"], Tn * B)
-    xg = temp("xg", (X_GRAD_CHUNK, I))
-    xg_rest = rest_view(xg)
+    xg = kb.temp("xg", (X_GRAD_CHUNK, I))
+    xg_rest = kb.rest_view(xg)
 
     def out(prefix, first, count):
-        spatial(prefix, (count, I), lambda r, k:
+        kb.spatial(prefix, (count, I), lambda r, k:
                 T.buffer_store(x_grad, store(xg[r, k], dtype), [first + r, k]))
 
-    tail = cpu_variants()
+    tail = kb.cpu
     whole = M // X_GRAD_CHUNK * X_GRAD_CHUNK if tail else M
-    with row_chunks("x_grad_chunk", whole, X_GRAD_CHUNK) as (first, count):
-        gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
+    with kb.row_chunks("x_grad_chunk", whole, X_GRAD_CHUNK) as (first, count):
+        kb.gemm("x_grad_chunk_gemm", xg, X_GRAD_CHUNK, I, G,
              lambda r, j: dicfo[first + r, j], w_tx, pad=False, rest_out=xg_rest)
         out("x_grad_out", first, count)
     if tail:
-        with row_chunks("x_grad_tail_chunk", M - whole, X_GRAD_CHUNK):
-            gemm("x_grad_tail_gemm", xg, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
+        with kb.row_chunks("x_grad_tail_chunk", M - whole, X_GRAD_CHUNK):
+            kb.gemm("x_grad_tail_gemm", xg, M - whole, I, G, lambda r, j: dicfo[whole + r, j],
                  w_tx, rest_out=xg_rest)
             out("x_grad_tail_out", whole, M - whole)
-    spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(
+    kb.spatial("x_grad_pad", (Tn * B - M, I), lambda r, k: T.buffer_store(
         x_grad, zero(dtype), [M + r, k]))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from tvm.sym import Analyzer
 
 from .._tvm import SBlock, Schedule
-from ..kernels._builder import FUSE_GROUP, LOOP_BODY, ONE_THREAD, TIME_STEP
+from ..kernels.contract import FUSE_GROUP, LOOP_BODY, ONE_THREAD, TIME_STEP
 
 
 def _blocks(sch: Schedule, parent=None):

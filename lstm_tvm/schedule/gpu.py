@@ -45,7 +45,7 @@ import dataclasses
 import logging
 
 from .._tvm import Schedule, tirx
-from ..kernels._builder import divides
+from ..kernels.tir_analysis import divides
 from .gpu_ir import (declared_views, guard_empty_launches, hoist_allocations, isolated,
                      restore_views, unbound_blocks)
 from .blocks import fusion_runs, in_time_step, leaf_blocks

@@ -8,15 +8,14 @@ an AVX2-only x86 (``{"kind": "llvm", "mcpu": "haswell"}``), an AVX-512 x86, an A
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import json
 
 from .._tvm import target_arch, tvm
-from ..kernels._builder import cpu_kernels, tile_rows
+from ..kernels.variant import KernelVariant
 
-__all__ = ["CpuTraits", "cpu_traits", "gemm_tile_rows", "kernel_setting"]
+__all__ = ["CpuTraits", "cpu_traits", "kernel_variant"]
 
 #: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
 _X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
@@ -51,7 +50,7 @@ class CpuTraits:
         return self.vector_registers // 2 * self.lanes("float32")
 
     @property
-    def tile_rows(self) -> int:
+    def gemm_tile_rows(self) -> int:
         """Rows of a float32 GEMM register tile two vectors wide beyond what
         :attr:`accumulators` allow, or 0. With AVX2's 16 registers: 6 (6x16, 12 accumulator
         registers, two for the right operand's row and one for a broadcast), against 4x16's 8,
@@ -85,15 +84,11 @@ def _traits(target_json: str) -> CpuTraits:
     return CpuTraits(arch, 128, 16, False, extension)
 
 
-def gemm_tile_rows(target) -> int:
-    """The :attr:`CpuTraits.tile_rows` of a target's GEMMs (0 for a GPU's)."""
-    return cpu_traits(target).tile_rows if str(target.kind.name) == "llvm" else 0
-
-
-@contextlib.contextmanager
-def kernel_setting(target):
-    """Build kernels for ``target`` (a ``tvm.target.Target``) inside the ``with``: its CPU
-    versions or not (``kernels._builder.cpu_kernels``), GEMMs cut for its register tile's rows
-    (``kernels._builder.tile_rows``)."""
-    with cpu_kernels(str(target.kind.name) == "llvm"), tile_rows(gemm_tile_rows(target)):
-        yield
+def kernel_variant(target, prepacked: bool = False) -> KernelVariant:
+    """The :class:`~lstm_tvm.kernels.variant.KernelVariant` of ``target``'s kernels (a
+    ``tvm.target.Target``): the CPU form for an ``llvm`` target (GEMMs cut for its register
+    tile's rows, :attr:`CpuTraits.gemm_tile_rows`), else the GPU form; ``prepacked`` as
+    given."""
+    cpu = str(target.kind.name) == "llvm"
+    return KernelVariant(cpu=cpu, gemm_tile_rows=cpu_traits(target).gemm_tile_rows if cpu else 0,
+                         prepacked=prepacked)

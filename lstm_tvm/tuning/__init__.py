@@ -1,6 +1,6 @@
 """Tuning with MetaSchedule: sessions, task extraction, databases under ``schedules/``."""
 
-from .database import database_dir, target_key, tuned_blocks
+from .database import database_dir, records_key, tuned_blocks
 from .session import TaskResult, collect_tasks, tune
 from .tasks import Task, kernel_gemms
 
@@ -10,7 +10,7 @@ __all__ = [
            "collect_tasks",
            "database_dir",
            "kernel_gemms",
-           "target_key",
+           "records_key",
            "tune",
            "tuned_blocks",
 ]

@@ -1,6 +1,6 @@
-"""Tuning databases: MetaSchedule's JSON files under ``<root>/<target key>/``.
+"""Tuning databases: MetaSchedule's JSON files under ``<root>/<records key>/``.
 
-The target key names the machine the records were measured on (``llvm-<mcpu>`` for CPUs,
+The records key names the machine the records were measured on (``llvm-<mcpu>`` for CPUs,
 ``cuda-<arch>`` for GPUs). Two roots hold databases (:func:`lstm_tvm.env.schedule_roots`): the
 user's, where tuning sessions write, and the records shipped with lstm_tvm. A target's lookups
 (:func:`sources`) read its own key's databases, the user's first, then, for a CPU, those of
@@ -26,7 +26,7 @@ from .tasks import Task, task_of
 
 __all__ = ["Best", "FAILED_SECONDS", "Source", "Use", "block_uses", "compatible", "database_dir",
            "databases", "describe_use", "failed", "isa_class", "open_database", "sources",
-           "target_key", "tasks_in", "tuned_blocks"]
+           "records_key", "tasks_in", "tuned_blocks"]
 
 log = logging.getLogger(__name__)
 
@@ -43,20 +43,20 @@ def _machine(target) -> str:
     return str(attrs["mtriple"]).split("-")[0] if str(attrs.get("mtriple", "")) else "generic"
 
 
-def target_key(target) -> str:
+def records_key(target) -> str:
     """The folder name of ``target``'s records: its kind and CPU model or GPU architecture."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{target.kind.name}-{_machine(target)}")
 
 
 def same_machine(a, b) -> bool:
     """Whether two targets name the same kind of machine (kind and CPU model / arch)."""
-    return target_key(a) == target_key(b)
+    return records_key(a) == records_key(b)
 
 
 def database_dir(target, root: Path | None = None) -> Path:
     """Where tuning sessions write ``target``'s database: under ``root``, by default the user's
     records (:func:`lstm_tvm.env.schedules_dir`)."""
-    return Path(root or env.schedules_dir()) / target_key(target)
+    return Path(root or env.schedules_dir()) / records_key(target)
 
 
 #: LLVM's names of AMD x86 CPUs start with one of these (the rest are Intel's, or generic).
@@ -95,7 +95,7 @@ def compatible(target, other) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Source:
     """One database a target's lookups read: ``origin`` ``"user"`` or ``"shipped"``; ``key``
-    the target key its records were measured for (another machine's when ``borrowed``)."""
+    the records key its records were measured for (another machine's when ``borrowed``)."""
 
     origin: str
     folder: Path
@@ -118,7 +118,7 @@ def sources(target) -> tuple[Source, ...]:
     root, user's first, then key name) whose records are :func:`compatible` with it, user's
     then shipped. Lookups go through them block by block (:func:`block_uses`), so borrowed
     records stand in for the blocks that own records lack."""
-    key, roots = target_key(target), env.schedule_roots()
+    key, roots = records_key(target), env.schedule_roots()
     own = _folders(key, roots, borrowed=False)
     if str(target.kind.name) != "llvm":
         return own
@@ -146,7 +146,7 @@ def _donor(target_json: str, roots: tuple) -> str | None:
     from .._tvm import tvm
 
     target = tvm.target.Target(json.loads(target_json))
-    own = target_key(target)
+    own = records_key(target)
     for _, root, _ in roots:
         for folder in _database_folders(root):
             other = _recorded_target(_stamp(folder))
@@ -166,7 +166,7 @@ def describe_use(target) -> str:
     """One line saying which databases ``target``'s kernels read and where they come from."""
     found = sources(target)
     if not found:
-        return f"none for {target_key(target)}: rule-based default schedules"
+        return f"none for {records_key(target)}: rule-based default schedules"
     return "; ".join(s.describe() for s in found)
 
 
@@ -194,7 +194,7 @@ def _recorded_target(file_stamp):
             target = tvm.target.Target(json.loads(f.readline())[1][2])
     except Exception:  # noqa: BLE001 (not a readable lstm_tvm database: skipped)
         return None
-    return target if target_key(target) == path.parent.name else None
+    return target if records_key(target) == path.parent.name else None
 
 
 def open_database(folder: Path, create: bool = False):
@@ -260,13 +260,13 @@ def best_by_task(target, root: Path | None = None) -> dict[Task, Best]:
     """Every task's best record in ``target``'s database that was measured on ``target``'s
     machine (records of other targets, or not made by lstm_tvm, are skipped)."""
     stamp = _stamp(database_dir(target, root))
-    return {} if stamp is None else _load(stamp, target_key(target))[0]
+    return {} if stamp is None else _load(stamp, records_key(target))[0]
 
 
 def trial_counts(target, root: Path | None = None) -> dict[Task, int]:
     """How many records (successful or not) each task has for ``target`` (to resume sessions)."""
     stamp = _stamp(database_dir(target, root))
-    return {} if stamp is None else _load(stamp, target_key(target))[1]
+    return {} if stamp is None else _load(stamp, records_key(target))[1]
 
 
 def tasks_in(folder: Path) -> dict[Task, Best]:
@@ -289,7 +289,7 @@ def _load(stamp, key: str) -> tuple[dict[Task, Best], dict[Task, int]]:
         return best, counts
     for record in records:
         task = task_of(record.workload.mod)
-        if task is None or record.target is None or target_key(record.target) != key:
+        if task is None or record.target is None or records_key(record.target) != key:
             continue
         counts[task] = counts.get(task, 0) + 1
         if failed(record):

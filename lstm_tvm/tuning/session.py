@@ -26,7 +26,7 @@ from .. import env
 from ..cross_compile import export_options
 from .._tvm import configure_threads, meta_schedule, resolve_target
 from ..registry import HELPERS, OPS, get_op
-from ..schedule.traits import cpu_traits, kernel_setting
+from ..schedule.traits import cpu_traits, kernel_variant
 from ..validation import plain_attrs
 from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
@@ -64,7 +64,7 @@ class TaskResult:
 def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
     """The distinct GEMM tasks of ``ops`` x ``dtypes`` x ``shapes`` (``(T, B, I, H)`` tuples)
     of the kernels built for ``target`` (whose register tile decides how GEMMs are cut, see
-    :func:`lstm_tvm.schedule.traits.kernel_setting`).
+    :func:`lstm_tvm.schedule.traits.kernel_variant`).
 
     An op brings the helpers computed beside it (same forward op, same direction):
     ``LSTMBlockCellGrad`` brings ``CellGradMatmul``, where a cell gradient's GEMMs live. GEMMs
@@ -76,14 +76,14 @@ def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
                for n in ops):
             names.append(helper.name)
     seen: dict[str, Task] = {}
-    with kernel_setting(resolve_target(target)):
-        for name in names:
-            op = get_op(name)
-            attrs = plain_attrs(op)
-            for dtype in dtypes:
-                for steps, batch, isize, hsize in shapes:
-                    for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch):
-                        seen.setdefault(task.to_json(), task)
+    variant = kernel_variant(resolve_target(target))
+    for name in names:
+        op = get_op(name)
+        attrs = plain_attrs(op)
+        for dtype in dtypes:
+            for steps, batch, isize, hsize in shapes:
+                for task in tasks_for(name, dtype, isize, hsize, attrs, steps, batch, variant):
+                    seen.setdefault(task.to_json(), task)
     return list(seen.values())
 
 
@@ -93,7 +93,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     """Tune the GEMM tiles of ``ops`` for ``target``; returns one :class:`TaskResult` per task.
 
     ``trials`` is the number of distinct measured schedules each task should have on record in
-    the database (``schedules/<target key>/`` unless ``root`` is given), or all of its space's
+    the database (``schedules/<records key>/`` unless ``root`` is given), or all of its space's
     if that holds fewer (:attr:`TaskResult.exhausted`); tasks already there are topped up, not
     restarted.
 
@@ -110,7 +110,7 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     traits = cpu_traits(target)
     host = cpu_traits(resolve_target("llvm"))
     if tracker is None and traits.arch != host.arch:
-        raise ValueError(f"{database.target_key(target)}: an {traits.arch} target cannot be "
+        raise ValueError(f"{database.records_key(target)}: an {traits.arch} target cannot be "
                          f"measured on this {host.arch} machine; measure it on its devices "
                          f"(tracker and key: --rpc-tracker, --rpc-key)")
     if tracker is not None:
@@ -149,12 +149,12 @@ def _on_record(db, target, tasks, traits) -> dict[Task, tuple[int, int]]:
     """For each task, how many distinct schedules of its space (see
     :func:`lstm_tvm.tuning.space.fingerprint`) ``db`` holds measured times of, and how many
     failed measurements, all on ``target``'s machine."""
-    key = database.target_key(target)
+    key = database.records_key(target)
     seen: dict[Task, set[int]] = {t: set() for t in tasks}
     failures = dict.fromkeys(tasks, 0)
     for record in db.get_all_tuning_records():
         task = task_of(record.workload.mod)
-        same_machine = record.target is not None and database.target_key(record.target) == key
+        same_machine = record.target is not None and database.records_key(record.target) == key
         if task not in seen or not same_machine:
             continue
         if database.failed(record):

@@ -19,7 +19,7 @@ import functools
 import itertools
 
 from .._tvm import Schedule
-from ..kernels._builder import PANEL, ROW_TILE
+from ..kernels.contract import PANEL, ROW_TILE
 from ..schedule.cpu import AVX512, GemmTile, apply_gemm
 from ..schedule.traits import CpuTraits
 from .tasks import Task, workload
@@ -54,12 +54,12 @@ def tiles(task: Task, traits: CpuTraits = AVX512) -> list[tuple[int, int]]:
     where the task allows (e.g. ``8x32``, ``4x64``, ``4x32`` and ``2x32`` with AVX-512;
     ``4x16``, ``2x32``, ``2x16`` and ``1x32`` with AVX2). Larger tiles spill registers, much
     smaller ones leave FMA latency exposed, and narrower ones load a broadcast per FMA or two.
-    A target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.tile_rows` add their tile (AVX2:
+    A target's :attr:`~lstm_tvm.schedule.traits.CpuTraits.gemm_tile_rows` add their tile (AVX2:
     ``6x16``) where they divide the rows."""
     options = choices(task)
     pairs = [(r, c) for r in options["rows"] for c in options["cols"]
              if traits.accumulators // 4 <= r * c <= traits.accumulators]
-    wide, rows = 2 * traits.lanes("float32"), traits.tile_rows
+    wide, rows = 2 * traits.lanes("float32"), traits.gemm_tile_rows
     if rows and task.m_multiple % rows == 0 and rows <= task.M and wide in options["cols"]:
         pairs.insert(0, (rows, wide))
     if not pairs:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .._tvm import TB as T
-from .._tvm import IRBuilder, tvm
-from ..kernels import kernel_func
-from ..kernels._builder import (K_SLAB, PANEL, ROW_TILE, GemmBlock, capture_gemms, divides,
-                               fixed_sizes, gemm, is_static)
-from ..kernels._gates import f32
+from .._tvm import tvm
+from ..kernels import KernelVariant, kernel_func
+from ..kernels.contract import K_SLAB, PANEL, ROW_TILE, GemmBlock
+from ..kernels.gemm_task import gemm_func
+from ..kernels.tir_analysis import divides, is_static
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
@@ -26,17 +25,18 @@ TASK_ATTR = "lstm_tvm.gemm"
 def _multiple(extent) -> int:
     """The first of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, 6, 2, 1) known to
     divide it (6 and 2: the rows of a GEMM cut for AVX2's register tile and those left, see
-    ``kernels._builder.gemm``)."""
+    ``kernels._builder.KernelBuilder.gemm``)."""
     if is_static(extent):
         return int(extent)
     return next((m for m in (K_SLAB, PANEL, ROW_TILE, 6, 2) if divides(m, extent)), 1)
 
 
-def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int,
-                 attrs: dict) -> list[GemmBlock]:
-    """The GEMM blocks of a kernel built with symbolic ``T`` and ``B``."""
-    with capture_gemms() as found:
-        kernel_func(op, dtype, input_size, cell_size, attrs)
+def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
+                 variant: KernelVariant) -> list[GemmBlock]:
+    """The GEMM blocks of the kernel ``variant`` says (with symbolic ``T`` and ``B`` unless
+    the variant fixes them)."""
+    found: list[GemmBlock] = []
+    kernel_func(op, dtype, input_size, cell_size, attrs, variant, found)
     return found
 
 
@@ -47,7 +47,7 @@ class Task:
     padding guaranteed by the kernel; ``n_multiple``: 0 when ``N`` is static, else the column
     padding), which bounds the tiles a search may pick; ``per_step``: the block runs once per
     iteration of a serial loop of its kernel, a time step or a chunk of rows (see
-    :class:`lstm_tvm.kernels._builder.GemmBlock`, :func:`lstm_tvm.tuning.space.choices`)."""
+    :class:`lstm_tvm.kernels.contract.GemmBlock`, :func:`lstm_tvm.tuning.space.choices`)."""
 
     name: str
     M: int
@@ -91,34 +91,19 @@ class Task:
 
     def primfunc(self):
         """The task as a PrimFunc ``main(a, b, c)`` with one GEMM block named :attr:`name`."""
-        a_layout, a_dtype = self.a.split(":")
-        b_layout, b_dtype = self.b.split(":")
-        a_shape = (self.M, self.K) if a_layout == "mk" else (self.K, self.M)
-        b_shape = {"kn": (self.K, self.N), "nk": (self.N, self.K),
-                   "kp": (self.N // PANEL, self.K, PANEL)}[b_layout]
-        b_load = {"kn": lambda b, k, n: b[k, n], "nk": lambda b, k, n: b[n, k],
-                  "kp": lambda b, k, n: b[n // PANEL, k, n % PANEL]}[b_layout]
-        with IRBuilder() as builder, T.prim_func(s_tir=True):
-            T.func_name("main")
-            T.func_attr({"tirx.noalias": True, TASK_ATTR: self.to_json()})
-            a = T.arg("a", T.Buffer(a_shape, a_dtype))
-            b = T.arg("b", T.Buffer(b_shape, b_dtype))
-            c = T.arg("c", T.Buffer((self.M, self.N), "float32"))
-            gemm(self.name, c, self.M, self.N, self.K,
-                 lambda m, k: f32(a[m, k] if a_layout == "mk" else a[k, m]),
-                 lambda k, n: f32(b_load(b, k, n)), pad=False)
-        return builder.get()
+        return gemm_func(self.name, self.M, self.N, self.K, self.a, self.b,
+                         {TASK_ATTR: self.to_json()})
 
 
 def tasks_for(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
-              steps: int, batch: int) -> list[Task]:
-    """The tasks of ``op``'s kernel at ``T = steps``, ``B = batch`` (``seq_len_max = T``),
-    except GEMM blocks that are empty at that shape."""
-    symbolic = kernel_gemms(op, dtype, input_size, cell_size, attrs)
-    with fixed_sizes(T=steps, B=batch), capture_gemms() as fixed:
-        kernel_func(op, dtype, input_size, cell_size, attrs)
+              steps: int, batch: int, variant: KernelVariant) -> list[Task]:
+    """The tasks of ``op``'s kernel in the form ``variant`` at ``T = steps``, ``B = batch``
+    (``seq_len_max = T``), except GEMM blocks that are empty at that shape."""
+    symbolic = kernel_gemms(op, dtype, input_size, cell_size, attrs, variant)
+    fixed = kernel_gemms(op, dtype, input_size, cell_size, attrs,
+                         variant.with_sizes(T=steps, B=batch))
     # A kernel with constant sizes emits one of the versions a step's GEMM has for symbolic
-    # ones (see kernels._builder.step_gemm): blocks pair up by name.
+    # ones (see kernels._builder.KernelBuilder.step_gemm): blocks pair up by name.
     symbolic_of = {sym.name: sym for sym in symbolic}
     tasks = []
     for blk in fixed:

@@ -5,7 +5,7 @@ Each rule (one per file) takes a block, a schedule and the target's
 does not apply; the first that applies wins (as TVM's ``s_tir.dlight`` rules do):
 
 - :mod:`.gemm`: GEMM blocks, register-tiled to the target's vector registers;
-- :mod:`.loops`: sums and elementwise blocks, parallel outside and vectorised inside.
+- :mod:`.elementwise`: sums and elementwise blocks, parallel outside and vectorised inside.
 
 Then :mod:`.fusion` runs each fusion group's blocks in one parallel loop, and :mod:`.team`
 makes a sequence kernel's time loop one launch of the thread pool. A tuning record of a
@@ -22,7 +22,7 @@ from tvm.s_tir.schedule import Trace
 from ..._tvm import Schedule
 from ..blocks import leaf_blocks
 from ..traits import cpu_traits
-from . import gemm, loops
+from . import elementwise, gemm
 from .fusion import merge_groups
 from .gemm import AVX512, K_UNROLL, GemmTile, apply_gemm, default_tile
 from .team import launch_per_sequence
@@ -30,7 +30,7 @@ from .team import launch_per_sequence
 log = logging.getLogger(__name__)
 
 #: The rules, tried in order on every block.
-RULES = (gemm.rule, loops.rule)
+RULES = (gemm.rule, elementwise.rule)
 
 
 def schedule_cpu(op_name: str, func, target, failures: list | None = None,

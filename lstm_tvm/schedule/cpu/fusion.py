@@ -11,10 +11,10 @@ log = logging.getLogger(__name__)
 
 
 def merge_groups(sch: Schedule, op_name: str) -> Schedule:
-    """Run each run of consecutive same-group 2-D blocks (see :func:`kernels._builder.spatial`)
+    """Run each run of consecutive same-group 2-D blocks (see ``KernelBuilder.spatial``)
     with equal extents in one parallel loop (one thread-pool launch instead of several), or
     one serial loop where they are marked to run on one thread; the outer loop of a grouped
-    block is left serial by :mod:`.loops` for this."""
+    block is left serial by :mod:`.elementwise` for this."""
     runs = fusion_runs(sch, lambda s, loops: s.get(loops[-2]).kind == tirx.ForKind.SERIAL)
 
     def outer_loop(s, name):

@@ -15,10 +15,11 @@ from __future__ import annotations
 import dataclasses
 
 from ..._tvm import Schedule, tirx
-from ...kernels._builder import PANEL, ROW_TILE, is_static, tensor_loads, uses_var
+from ...kernels.contract import PANEL, ROW_TILE
+from ...kernels.tir_analysis import is_static, tensor_loads, uses_var
 from ..traits import CpuTraits
 from ..blocks import in_loop_body
-from ._loops import COLUMN_CHOICES, block_loops, divides
+from .loop_facts import COLUMN_CHOICES, block_loops, divides
 
 #: Unroll factor of the reduction loop in GEMMs.
 K_UNROLL = 4
@@ -66,7 +67,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     AVX2's 6x16, with 3 registers to spare, where 6 divides the rows.
 
     ``b_layout``: how the right operand is stored, as in
-    :class:`~lstm_tvm.kernels._builder.GemmBlock` (``"kp"`` column panels, ``"kn"`` a
+    :class:`~lstm_tvm.kernels.contract.GemmBlock` (``"kp"`` column panels, ``"kn"`` a
     row-major ``(K, N)`` matrix, ``"nk"`` its transpose). ``"kn"``: a tile
     of few rows then widens to fill the accumulators (AVX-512: 1x256, 4x64): each reduction
     step reads a longer run of a row, where a narrow tile walks the matrix a few cache lines
@@ -91,7 +92,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     64x32x256x256 4% slower).
     """
     rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes(),
-                                traits.tile_rows)
+                                traits.gemm_tile_rows)
     if cols is None:
         return None
     while b_layout == "kn" and 2 * rows * cols <= traits.accumulators and divides(
@@ -181,7 +182,7 @@ def _register_tile(m_extent, n_extent, accumulators: int, lanes: int,
     to four vectors where they divide (AVX-512: 1x64; two vectors of accumulators leave the
     FMA latency exposed: at T=100, I=H=256 the forward ran 3% faster at B=1, 25% at B=2, the
     backward 16-19%; docs/performance.md). A target's
-    :attr:`~lstm_tvm.schedule.traits.CpuTraits.tile_rows` come first where they divide the
+    :attr:`~lstm_tvm.schedule.traits.CpuTraits.gemm_tile_rows` come first where they divide the
     rows (AVX2: 6x16; the kernels cut GEMMs so that they do, see ``kernels._builder.gemm``)."""
     dividing = [c for c in COLUMN_CHOICES if divides(c, n_extent)]
     if not dividing:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..._tvm import Schedule
 from ..traits import CpuTraits
 from ..blocks import fusion_group, one_thread
-from ._loops import block_loops, column_chunk
+from .loop_facts import block_loops, column_chunk
 
 
 def rule(sch: Schedule, block, traits: CpuTraits) -> bool | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..._tvm import Schedule, tirx
-from ...kernels._builder import divides
+from ...kernels.tir_analysis import divides
 
 #: Inner (vectorised) column chunks tried, in elements, first that divides the extent wins.
 COLUMN_CHOICES = (32, 64, 16)

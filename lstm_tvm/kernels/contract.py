@@ -1,0 +1,75 @@
+"""The contract between the kernels and what schedules and tunes them: block names and
+annotations the kernels emit, the tiles their buffers are padded to, and the description of
+a GEMM block (:class:`GemmBlock`) that tuning tasks are cut from.
+
+Schedules (:mod:`lstm_tvm.schedule`) and tuning (:mod:`lstm_tvm.tuning`) read kernels through
+these names only; how the kernels emit them is :mod:`._builder`'s business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
+           "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP",
+           "TRANSPOSE_TILE"]
+
+#: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
+#: up to a multiple of ROW_TILE (``padded``), so a schedule can tile rows without bounds
+#: checks; their left operand and output are scratch buffers with room for the extra rows.
+ROW_TILE = 8
+#: Columns of a panel (see ``panels``): the register tile's width of GEMMs that read one.
+PANEL = 32
+#: Rows of the source a transposing ``panels`` copy walks per tile (one panel wide).
+TRANSPOSE_TILE = 32
+#: Block annotation of ``KernelBuilder.spatial`` blocks in a fusion group (see there).
+FUSE_GROUP = "lstm_tvm.fuse_group"
+#: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
+#: zero past the last row up to this multiple, so a schedule may block the reduction by any
+#: divisor of it without bounds checks.
+K_SLAB = 256
+#: Name of the block that holds one step of a sequence kernel's time loop (``time_loop``;
+#: a second ``version`` of the loop adds its suffix).
+STEP_BLOCK = "step"
+#: Block annotation of every time step block (of each version).
+TIME_STEP = "lstm_tvm.time_step"
+#: Block annotation of a serial loop's body whose GEMMs are ``per_step`` (see
+#: :class:`GemmBlock`): a time step, or a chunk of ``row_chunks`` with ``per_step``.
+LOOP_BODY = "lstm_tvm.loop_body"
+#: Block annotation of blocks whose loops stay on the calling thread: those of
+#: ``by_work``'s small versions, and small constant-size blocks (see ``spatial``).
+ONE_THREAD = "lstm_tvm.one_thread"
+#: Work (elements, see ``by_work``) below which blocks run on one thread: a launch of the
+#: thread pool costs more than it saves below it (the cell ops' gate math at H=256 on 2 cores:
+#: one thread is faster up to B=32, ``B * 4H`` = 32768, two from B=64; docs/performance.md).
+ONE_THREAD_BELOW = 65536
+#: Batches below this many rows run their per-step GEMMs one row per tile, without padding.
+#: A one-row tile holds two vectors of accumulators, too few to hide the FMA latency, so from
+#: 3 rows on a tile of several rows is as fast or faster (docs/performance.md).
+SINGLE_ROWS_BELOW = 3
+#: Batches of ``SINGLE_ROWS_BELOW`` up to this many rows run their per-step GEMMs padded to
+#: this many rows, not ``ROW_TILE`` (half the arithmetic at B = 4): a tile of 4 rows holds
+#: enough accumulators with AVX2, NEON and AVX-512 alike.
+SHORT_ROWS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmBlock:
+    """What one GEMM block computes, as seen by tuning: its name, ``M x N x K`` extents (with
+    ``seq_len_max`` bound to ``T`` in a kernel of constant sizes,
+    :attr:`.variant.KernelVariant.fixed_sizes`), and each operand's layout (``"mk"``/``"km"``
+    for ``a``, ``"kn"``/``"nk"`` for ``b``: the second letter is the contiguous axis; ``"kp"``
+    for a ``b`` stored as column panels, ``KernelBuilder.panels``) and storage dtype;
+    ``per_step``: the block runs once per iteration of a serial loop, a time step or a chunk of
+    ``KernelBuilder.row_chunks`` (``per_step``): cutting its reduction into slabs would add a
+    parallel region per iteration and re-read its output."""
+
+    name: str
+    M: object
+    N: object
+    K: object
+    a_layout: str
+    a_dtype: str
+    b_layout: str
+    b_dtype: str
+    per_step: bool = False
