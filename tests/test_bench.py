@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from click.testing import CliRunner
 
-from lstm_tvm import _tvm, bench, bench_peers, bench_report
+from lstm_tvm import _tvm, bench, bench_peers, bench_report, bench_train
 from lstm_tvm.tuning import database
 from lstm_tvm.cli import main
 
@@ -199,22 +199,21 @@ def test_cuda_bench_runs_its_comparison_on_the_cpu():
     assert all(r["lstm_tvm_ms"] > 0 and r["cudnn_ms"] > 0 for r in rows)
 
 
-def test_training_step_bench_runs_each_route_in_its_own_process(tmp_path):
-    """``lstm-tvm bench --training`` at a tiny shape: every installed route runs, the table
-    fits 100 columns, and the ratios are the JSON's medians divided."""
+def test_training_step_bench_runs_each_route_in_its_own_process():
+    """The training-step bench at a tiny shape (the TF routes and the bare kernels, each in its
+    own process; the PyTorch routes run the same worker code): every route runs, the table
+    fits 100 columns, and the ratios are the report's medians divided."""
     pytest.importorskip("tensorflow", reason="the TF routes")
-    report_path = tmp_path / "train.json"
-    result = CliRunner().invoke(main, ["bench", "--training", "--shapes", "6x2x8x8",
-                                       "--repeat", "3", "--json", str(report_path)])
-    assert result.exit_code == 0, result.output
-    report = json.loads(report_path.read_text())
+    report = bench_train.run([(6, 2, 8, 8)], impls=("kernels", "lstm_tvm.tf", "tf"), warmup=1,
+                             repeat=3)
     rows = {r["impl"]: r for r in report["results"]}
-    assert set(rows) == {"kernels", "lstm_tvm.torch", "torch", "lstm_tvm.tf", "tf"}
     for impl in ("kernels", "lstm_tvm.tf", "tf"):
         assert rows[impl]["status"] == "ok" and rows[impl]["median_ms"] > 0, rows[impl]
     assert report["meta"]["machine"]["records_key"] and report["meta"]["repeat"] == 3
-    lines = result.output.splitlines()
+    lines = bench_train.render(report).splitlines()
     assert lines[0].startswith("machine: ") and max(map(len, lines)) <= 100
     ours = next(line for line in lines if " lstm_tvm.tf " in line).split()
     want = rows["tf"]["median_ms"] / rows["lstm_tvm.tf"]["median_ms"]
     assert ours[3] == f"{want:.2f}"
+    over = rows["lstm_tvm.tf"]["median_ms"] / rows["kernels"]["median_ms"] - 1
+    assert ours[4] == f"{over * 100:+.1f}%"
