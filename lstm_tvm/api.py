@@ -157,6 +157,30 @@ class CompiledOp:
                 raise kernel_error(self.op.name, err, self._roles) from err
         return output_tuple(self.op.name)(*outputs)
 
+    def capture(self, *args, out=None, **kwargs):
+        """Record a call on a CUDA device into a CUDA graph, for replays with one launch
+        (:class:`lstm_tvm.cuda_graph.CudaGraph`); takes what a call takes.
+
+        The call runs once first (checking the inputs and readying the kernels and their
+        scratch memory), then once under capture on the same tensors. A replay reads the
+        captured inputs (copy new values into them) and writes the captured outputs
+        (``graph.outputs``); ``T``, ``B`` and ``seq_len_max`` are those of this call.
+        """
+        from .cuda_graph import CudaGraph
+
+        if self.device.dlpack_device_type() != 2:  # kDLCUDA
+            raise RuntimeError(f"{self.op.name}: capture() needs a CUDA device; this op runs "
+                               f"on {self.device}")
+        outputs = self(*args, out=out, **kwargs)
+        if any(0 in tuple(t.shape) for t in outputs):
+            raise ValueError(f"{self.op.name}: capture() needs a call with work to do "
+                             f"(B and T > 0); got output shapes "
+                             f"{[tuple(t.shape) for t in outputs]}")
+        self.device.sync()
+        keep = (args, dict(kwargs), tuple(outputs))
+        return CudaGraph(self.device, lambda: self(*args, out=list(outputs), **kwargs), keep,
+                         outputs)
+
     def _check(self, inputs: dict) -> tuple[dict, dict]:
         """Validate ``inputs`` (fully the first time a set of shapes and dtypes is seen)."""
         try:  # the type is part of the key: only TVM tensors are ever cached

@@ -11,8 +11,10 @@ Timing: every call is bracketed by CUDA events recorded on PyTorch's current str
 legacy default stream, which TVM's CUDA runtime launches on too) after a device
 synchronisation; ``ms`` is the median event time of ``--repeat`` calls after ``--warmup``,
 ``wall ms`` the median host time of the same calls including the launch and the final
-synchronisation. lstm_tvm's calls are :class:`~lstm_tvm.api.CompiledOp` calls on GPU tensors
-made beforehand with outputs reused through ``out=``; compiling is outside the timing.
+synchronisation. ``graph``: the same call captured once into a CUDA graph
+(:meth:`~lstm_tvm.api.CompiledOp.capture`) and replayed, with its cuDNN/lstm_tvm ratio.
+lstm_tvm's calls are :class:`~lstm_tvm.api.CompiledOp` calls on GPU tensors made beforehand
+with outputs reused through ``out=``; compiling is outside the timing.
 
 cuDNN computes float32 in float32 (PyTorch's ``allow_tf32`` for cuDNN is turned off, as
 lstm_tvm's kernels do float32 arithmetic); ``--tf32`` lets it use TF32 tensor cores.
@@ -39,8 +41,9 @@ from .registry import forget_bias_of, get_op
 
 __all__ = ["SHAPES", "run", "main"]
 
-#: The CPU benchmark's shapes, then batch 1 and 8 at T = 100 (deployment sizes).
-SHAPES = bench.DEFAULT_SHAPES + tuple((100, b, n, n) for n in (256, 512) for b in (1, 8))
+#: The CPU benchmark's shapes, then batch 1, 8 and 64 at T = 100 (deployment and training sizes).
+SHAPES = bench.DEFAULT_SHAPES + tuple((100, b, n, n) for n in (256, 512) for b in (1, 8, 64)
+                                      if (100, b, n, n) not in bench.DEFAULT_SHAPES)
 CASES = {"seq_fwd": "BlockLSTMV2", "seq_bwd": "BlockLSTMGradV2"}
 
 
@@ -89,7 +92,8 @@ def _lstm_tvm(op_name: str, inputs: dict, dtype: str, target, ctx: dict):
             for k, v in inputs.items()}
     sizes = {"T": T, "B": B, "I": I, "H": H}
     outs = [tvm.runtime.empty(s.concrete_shape(sizes), dtype, fn.device) for s in op.outputs]
-    return (lambda: fn(**args, out=outs)), outs, compile_s, fn.device.sync
+    graph = fn.capture(**args, out=outs) if fn.device.dlpack_device_type() == 2 else None
+    return (lambda: fn(**args, out=outs)), outs, compile_s, fn.device.sync, graph
 
 
 def _cudnn(case: str, inputs: dict, dtype: str, device: str):
@@ -151,8 +155,11 @@ def run(shapes, dtypes, warmup: int, repeat: int, target="cuda", log=print,
                                              attrs={"use_peephole": False})
                 if "cs_grad" in inputs:
                     inputs["cs_grad"][...] = 0
-                call, outs, compile_s, sync = _lstm_tvm(op_name, inputs, dtype, target, ctx)
+                call, outs, compile_s, sync, graph = _lstm_tvm(op_name, inputs, dtype, target,
+                                                               ctx)
                 ours = _timed(call, lambda: None, sync, warmup, repeat, cuda)
+                replay = (_timed(graph.replay, lambda: None, sync, warmup, repeat, cuda)
+                          if graph is not None else None)
                 peer_call, peer_prepare, graph = _cudnn(case, inputs, dtype,
                                                         "cuda" if cuda else "cpu")
                 peer = _timed(peer_call, peer_prepare, peer_sync, warmup, repeat, cuda)
@@ -160,6 +167,9 @@ def run(shapes, dtypes, warmup: int, repeat: int, target="cuda", log=print,
                        "lstm_tvm_ms": ours[0], "lstm_tvm_wall_ms": ours[1],
                        "cudnn_ms": peer[0], "cudnn_wall_ms": peer[1],
                        "ratio": peer[0] / ours[0], "compile_s": compile_s}
+                if replay is not None:
+                    row.update(lstm_tvm_graph_ms=replay[0], lstm_tvm_graph_wall_ms=replay[1],
+                               graph_ratio=peer[0] / replay[0])
                 name, peer_out = (("h", graph["out"][0].detach()) if case == "seq_fwd" else
                                   ("x_grad", graph["x"].grad))
                 got = outs[get_op(op_name).output_names.index(name)].numpy().astype(np.float64)
@@ -178,9 +188,11 @@ def _line(row: dict) -> str:
     shape = "x".join(map(str, row["shape"]))
     name = "h" if row["case"] == "seq_fwd" else "x_grad"
     diff = f"  max |{name} - cuDNN's| {row[name + '_max_diff']:.1e}"
+    graph = (f"  graph {row['lstm_tvm_graph_ms']:8.3f} ms ({row['graph_ratio']:5.2f})"
+             if "graph_ratio" in row else "")
     return (f"{shape:>16} {row['dtype']:>8} {row['case']:>7}  lstm_tvm {row['lstm_tvm_ms']:9.3f} ms"
             f" (wall {row['lstm_tvm_wall_ms']:8.3f})  cuDNN {row['cudnn_ms']:9.3f} ms (wall "
-            f"{row['cudnn_wall_ms']:8.3f})  cuDNN/lstm_tvm {row['ratio']:5.2f}{diff}")
+            f"{row['cudnn_wall_ms']:8.3f})  cuDNN/lstm_tvm {row['ratio']:5.2f}{graph}{diff}")
 
 
 def main(argv=None) -> int:

@@ -25,6 +25,7 @@ from lstm_tvm._tvm import (DEFAULT_CUDA_ARCH, SBlock, cuda_arch, nvcc_compile, r
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels import KernelVariant
 from lstm_tvm.kernels.contract import STEP_BLOCK
+from lstm_tvm.schedule import gpu as gpu_schedule
 from lstm_tvm.schedule import schedule_for
 from lstm_tvm.schedule.gpu_ir import unbound_blocks
 
@@ -124,6 +125,37 @@ def test_a_step_launches_its_gemm_and_one_gate_math_kernel(op_name):
     assert len(steps) == 1 and _launches(func, steps[0].body) == 2
 
 
+def _blocks(func) -> set:
+    names = set()
+    tvm_ffi.structural_walk(func.body, [(SBlock, lambda node: names.add(node.name_hint))])
+    return names
+
+
+@pytest.mark.parametrize("op_name, size, gemm, split", [
+    ("BlockLSTMGradV2", 512, "dh", True), ("BlockLSTMV2", 256, "gates", True),
+    ("BlockLSTMV2", 512, "gates", False)])
+def test_step_gemms_split_their_reduction_where_tiles_leave_sms_idle(op_name, size, gemm, split):
+    """A step GEMM whose 8x32 block tiles would give a small grid at deployment batches (the
+    backward's ``dh``: H columns, 4H reduction) sums its reduction in lanes of threads
+    (``rfactor``: blocks ``<gemm>_rf_*``) over more, narrower blocks."""
+    func = schedule_for(op_name, _kernel(op_name, "float32", size, size,
+                                         _attrs(op_name, False)),
+                        resolve_target({"kind": "cuda", "arch": "sm_90"}), [])
+    assert (f"{gemm}_rf_update" in _blocks(func)) == split
+    if split:
+        extents = {}
+
+        def visit(loop):
+            if (loop.thread_binding is not None and isinstance(loop.extent, tirx.IntImm)
+                    and f"{gemm}_rf" in loop.body.script()):
+                extents.setdefault(loop.thread_binding.thread_tag, int(loop.extent.value))
+        tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
+        columns = (4 * size if gemm == "gates" else size)
+        assert columns // extents["blockIdx.y"] * extents["blockIdx.y"] == columns
+        assert extents["blockIdx.y"] >= columns // 32 * 2  # more blocks than 32-wide tiles
+        assert extents["threadIdx.x"] * extents["threadIdx.y"] <= 256
+
+
 def test_resolve_cuda_targets():
     assert resolve_target("cuda").attrs["arch"] == cuda_arch()
     assert resolve_target({"kind": "cuda"}).attrs["arch"] == cuda_arch()
@@ -163,6 +195,8 @@ def test_compile_without_gpu_builds_then_refuses_to_run():
     with pytest.raises(RuntimeError, match="no CUDA device"):
         lstm_tvm.raw_ops.LSTMBlockCell(**inputs, target={"kind": "cuda", "arch": "sm_90"})
     with pytest.raises(RuntimeError, match="no CUDA device"):
+        op.capture(**inputs)
+    with pytest.raises(RuntimeError, match="no CUDA device"):
         lstm_tvm.cell_grad_matmul(*(np.ones(s, "float32") for s in ((2, 3), (2, 4), (7, 16),
                                                                   (2, 16))), target="cuda")
 
@@ -179,7 +213,7 @@ def _serial(func):
     return func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, visit), order="post"))
 
 
-def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole):
+def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole, I=I, H=H):
     attrs = _attrs(op_name, use_peephole)
     failures = []
     func = schedule_for(op_name, _kernel(op_name, dtype, I, H, attrs),
@@ -233,6 +267,14 @@ def test_gpu_schedule_semantics_on_cpu(op_name, dtype, T, seq_len_max, use_peeph
     _run_serialized(op_name, dtype, 3, T, seq_len_max, use_peephole)
 
 
+def test_split_step_gemm_with_lanes_across_warps_on_cpu():
+    """The split step GEMM's other form (lanes on ``threadIdx.y``, taken for long per-lane
+    sums: ``dh`` at H = 160 sums 640 in 32 lanes), which the small sizes above do not reach."""
+    tile = gpu_schedule.default_step_tile(160, 640)
+    assert tile is not None and not tile.lanes_in_warp
+    _run_serialized("BlockLSTMGradV2", "float32", 3, 3, 2, False, I=8, H=160)
+
+
 # ---- on a GPU ----
 
 @pytest.mark.gpu
@@ -273,6 +315,39 @@ def test_compiled_op_on_gpu_tensors():
     grads = lstm_tvm.cell_grad_matmul(*(np.ones(s, "float32") for s in (
         (2, 3), (2, 4), (7, 16), (2, 16))), target="cuda")
     np.testing.assert_allclose(grads.b_grad, np.full(16, 2.0))
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_captured_call_replays_on_new_inputs(dtype):
+    """A CUDA graph of a sequence backward: each replay recomputes from what the captured
+    input tensors hold then (new values copied in), against the float64 reference."""
+    compiled = lstm_tvm.compile("BlockLSTMGradV2", target="cuda", dtype=dtype, input_size=40,
+                                cell_size=48, use_peephole=True)
+    first = testing.make_inputs("BlockLSTMGradV2", dtype=dtype, B=5, I=40, H=48, T=7,
+                                seq_len_max=6, attrs={"use_peephole": True}, seed=1)
+    args = {n: int(v) if n == "seq_len_max" else tvm.runtime.tensor(v, compiled.device)
+            for n, v in first.items()}
+    graph = compiled.capture(**args)
+    for seed in (2, 3):
+        new = testing.make_inputs("BlockLSTMGradV2", dtype=dtype, B=5, I=40, H=48, T=7,
+                                  seq_len_max=6, attrs={"use_peephole": True}, seed=seed)
+        for name, tensor in args.items():
+            if name != "seq_len_max":
+                tensor.copyfrom(new[name])
+        graph.replay()
+        compiled.device.sync()
+        expected = reference.run("BlockLSTMGradV2", new, {"use_peephole": True})
+        for name in graph.outputs._fields:
+            testing.assert_close(getattr(graph.outputs, name).numpy(), expected[name], dtype,
+                                 f"replay {seed}: {name}")
+
+
+def test_capture_needs_a_cuda_device():
+    op = lstm_tvm.compile("LSTMBlockCell", target="llvm", input_size=3, cell_size=4)
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        op.capture(**testing.make_inputs("LSTMBlockCell", B=2, I=3, H=4))
 
 
 if __name__ == "__main__":

@@ -109,9 +109,18 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
     kb.by_work(padded(B) * H, state_blocks)
     gates_views = kb.step_views(gates, B)
     with kb.time_loop(L, Tn) as vt:
+        if kb.cpu:
+            init, pre = (lambda n, j: xw[vt * B + n, j]), (lambda n, k, g: gates[n, off[g] + k])
+        else:
+            # The GPU's step GEMM sums from zero (it splits K over threads, see
+            # schedule/gpu.py): the input projection is added in the gate math.
+            init = None
+
+            def pre(n, k, g):
+                return gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
         kb.step_gemm("gates", gates, gates_views, B, G, H, lambda n, k: h_state[n, k],
-                  lambda k, j: w(I + k, j), init=lambda n, j: xw[vt * B + n, j])
-        cell_blocks(kb, cfg, buf, dtype, acts, lambda n, k, g: gates[n, off[g] + k],
+                     lambda k, j: w(I + k, j), init=init)
+        cell_blocks(kb, cfg, buf, dtype, acts, pre,
                     lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
                     state={"h": h_state, "cs": cs_next})
         kb.spatial("state_update", (B, H), lambda n, k: T.buffer_store(

@@ -97,6 +97,69 @@ def default_gpu_tile(m_extent, n_extent, k_extent, in_step: bool = False) -> Gpu
     return GpuGemmTile(ty=ty, tx=tx, tm=tm, tn=tn, bk=bk, stage=bk >= MIN_STAGED_SLAB)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepGemmTile:
+    """How a GEMM inside a time step (rows: the batch, padded to 8) is scheduled on a GPU when
+    its reduction is split over threads: a thread block computes ``rows x cols`` outputs with
+    ``cols x lanes`` threads; each thread accumulates its ``rows`` outputs of one column over
+    every ``lanes``-th step of the reduction (``rfactor``), ``unroll`` steps at a time (that
+    many independent weight loads in flight), and TVM's cross-thread reduction adds the
+    ``lanes`` partial sums. ``lanes_in_warp``: the lanes are ``threadIdx.x``, inside a warp
+    (warp shuffles add the partial sums; each lane loads its own weight row), else
+    ``threadIdx.y`` (the columns are ``threadIdx.x``: coalesced weight loads; the partial sums
+    are added through shared memory).
+    """
+
+    rows: int
+    cols: int
+    lanes: int
+    lanes_in_warp: bool
+    unroll: int = 1
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+#: Threads per block of a step GEMM whose reduction is split (``cols x lanes``).
+STEP_GEMM_THREADS = 256
+#: Column blocks a split step GEMM aims for: about one per SM of a large GPU.
+STEP_GEMM_BLOCKS = 128
+#: The block-tile rule's column blocks (at 8 rows) from which a step GEMM keeps that rule:
+#: with fewer its grid leaves SMs idle and splitting the reduction wins (docs/performance.md).
+SPLIT_BELOW_BLOCKS = 64
+#: The longest per-lane sum for which the lanes sit inside a warp (the cross-thread sum
+#: then dominates); longer sums want coalesced weight loads.
+IN_WARP_MAX_STEPS = 16
+
+
+def default_step_tile(n_extent: int, k_extent: int) -> StepGemmTile | None:
+    """The split-reduction tile of a step GEMM with ``n_extent`` columns and a ``k_extent``
+    reduction (ints), or None when the block-tile rule (:func:`default_gpu_tile`) suits it
+    better or nothing divides.
+
+    The reduction is split when the block tile's 32 columns would give fewer than
+    :data:`SPLIT_BELOW_BLOCKS` blocks at one row block (the backward's ``dh``, ``N = H``,
+    ``K = 4H``; the forward's gates at ``H <= 256``). Columns per block: the widest of 32, 16,
+    8 (a 32-byte sector of float32) that still gives :data:`STEP_GEMM_BLOCKS` blocks; the
+    rest of :data:`STEP_GEMM_THREADS` as lanes, each summing at least 4 steps.
+    """
+    if n_extent % 32 == 0 and n_extent // 32 >= SPLIT_BELOW_BLOCKS:
+        return None
+    cols = next((c for c in (32, 16, 8) if n_extent % c == 0
+                 and n_extent // c >= STEP_GEMM_BLOCKS), None)
+    if cols is None:
+        cols = next((c for c in (8, 16, 32) if n_extent % c == 0), None)
+    if cols is None:
+        return None
+    lanes = next((n for n in (32, 16, 8, 4, 2) if cols * n <= STEP_GEMM_THREADS
+                  and k_extent % n == 0 and k_extent // n >= 4), None)
+    if lanes is None:
+        return None
+    steps = k_extent // lanes
+    return StepGemmTile(rows=8, cols=cols, lanes=lanes, lanes_in_warp=steps <= IN_WARP_MAX_STEPS,
+                        unroll=next(u for u in (8, 4, 2, 1) if steps % u == 0))
+
+
 def _first_divisor(choices, extent, times: int = 1) -> int:
     return next(c for c in choices if divides(c * times, extent))
 
@@ -120,7 +183,9 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
         try:
             if rule is _schedule_gemm:
                 in_step = in_time_step(sch, sch.get_sblock(name))
-                func = restore_views(isolated(func, name, lambda s, b: _schedule_gemm(
+                gemm = _schedule_step_gemm if in_step and _sums_from_zero(
+                    sch.get(sch.get_sblock(name))) else _schedule_gemm
+                func = restore_views(isolated(func, name, lambda s, b: gemm(
                     s, b, max_threads, views=views, in_step=in_step)), views)
             else:
                 trial = Schedule(func)
@@ -292,3 +357,50 @@ def _schedule_gemm(sch: Schedule, block, max_threads: int, tile: GpuGemmTile | N
     sch.decompose_reduction(block, ko)
     for loop in (ki, im, jn):
         sch.unroll(loop)
+
+
+def _sums_from_zero(stmt) -> bool:
+    """Whether a reduction block's init stores zero (what ``rfactor`` needs)."""
+    init = stmt.init
+    value = getattr(init, "value", None)
+    return isinstance(value, (tirx.FloatImm, tirx.IntImm)) and float(value.value) == 0.0
+
+
+def _schedule_step_gemm(sch: Schedule, block, max_threads: int, tile: StepGemmTile | None = None,
+                        views=(), in_step: bool = True) -> None:
+    """A step GEMM with its reduction split over threads (see :class:`StepGemmTile`), or
+    :func:`_schedule_gemm` where :func:`default_step_tile` gives no split tile."""
+    (m, n), (k,) = _axes(sch, block)
+    n_extent, k_extent = _const(sch.get(n).extent), _const(sch.get(k).extent)
+    if tile is None and n_extent is not None and k_extent is not None:
+        tile = default_step_tile(n_extent, k_extent)
+    if tile is None or tile.cols * tile.lanes > max_threads or not divides(
+            tile.rows, sch.get(m).extent):
+        _schedule_gemm(sch, block, max_threads, views=views, in_step=in_step)
+        return
+    bm, im = sch.split(m, [None, tile.rows])
+    bn, tx = sch.split(n, [None, tile.cols])
+    ko, lane = sch.split(k, [None, tile.lanes])
+    sch.reorder(bm, bn, lane, tx, ko, im)
+    partial = sch.rfactor(lane, factor_axis=0)
+    sch.set_scope(partial, 0, "local")
+    bm, bn, lane, tx, ko, im = sch.get_loops(partial)[-6:]
+    lane_axis, col_axis = (("threadIdx.x", "threadIdx.y") if tile.lanes_in_warp else
+                           ("threadIdx.y", "threadIdx.x"))
+    if tile.lanes_in_warp:
+        sch.reorder(tx, lane)
+    sch.bind(bm, "blockIdx.x")
+    sch.bind(bn, "blockIdx.y")
+    sch.bind(lane, lane_axis)
+    sch.bind(tx, col_axis)
+    ko, ku = sch.split(ko, [None, tile.unroll])
+    sch.decompose_reduction(partial, ko)
+    sch.unroll(ku)
+    sch.unroll(im)
+    # The sum of the lanes' partial sums: each (row, column) of the block by a cross-thread
+    # reduction over the lane axis.
+    sch.reverse_compute_at(block, bn, preserve_unit_loops=True)
+    lane_f, im_f, tx_f = sch.get_loops(block)[-3:]
+    sch.reorder(tx_f, im_f, lane_f)
+    sch.bind(tx_f, col_axis)
+    sch.bind(lane_f, lane_axis)
