@@ -290,18 +290,12 @@ def _make(op: OpSpec):
         last[0] = _Repeat.of(planned[1], call)
         return _execute(*planned)
 
-    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
-    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
-                                 default=inspect.Parameter.empty if a.required else a.default)
-               for a in op.attrs]
-    params.append(inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None))
     # ``target=`` and ``device=`` are accepted too, but kept out of the signature: it mirrors
     # ``tf.raw_ops.<Op>`` exactly.
-    fn.__signature__ = inspect.Signature(params)
+    fn.__signature__ = op.signature(extra=(
+        inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None),))
     fn.__name__ = fn.__qualname__ = op.name
-    fn.__doc__ = (f"{op.doc}\n\nInputs: {', '.join(op.input_names)}.\n"
-                  f"Outputs: {', '.join(op.output_names)}.\n"
-                  f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in op.attrs)}.\n"
+    fn.__doc__ = (f"{op.doc}\n\n{op.summary()}"
                   f"Where it runs: target='llvm' (or 'cuda', a target JSON dict), device=None "
                   f"(device 0 of the target's kind).\n")
     return fn

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from typing import Mapping
 
 #: Element dtypes the ops accept (TF's ``T`` attribute).
@@ -107,6 +108,24 @@ class OpSpec:
     @functools.cached_property
     def attr_names(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.attrs)
+
+    def signature(self, inputs=inspect.Parameter.KEYWORD_ONLY,
+                  extra: tuple[inspect.Parameter, ...] = ()) -> inspect.Signature:
+        """The Python signature of a function taking this op's inputs (of parameter kind
+        ``inputs``), then its attributes as keyword arguments with their defaults (TF's
+        ``tf.raw_ops.<Op>`` form), then ``extra``."""
+        params = [inspect.Parameter(n, inputs) for n in self.input_names]
+        params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
+                                     default=inspect.Parameter.empty if a.required else a.default)
+                   for a in self.attrs]
+        return inspect.Signature([*params, *extra])
+
+    def summary(self, outputs: str = "") -> str:
+        """Lines naming the op's inputs, outputs (followed by ``outputs``, e.g. what they
+        are) and attributes with their defaults, for the docstrings of its functions."""
+        return (f"Inputs: {', '.join(self.input_names)}.\n"
+                f"Outputs: {', '.join(self.output_names)}{outputs}.\n"
+                f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in self.attrs)}.\n")
 
     @property
     def gates(self) -> tuple[str, str, str, str]:

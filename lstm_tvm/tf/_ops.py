@@ -46,20 +46,13 @@ def make_op(op_name: str):
                 result = _call(op, attrs, target, tensors)
         return outputs(*result)
 
-    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
-    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
-                                 default=inspect.Parameter.empty if a.required else a.default)
-               for a in op.attrs]
-    params += [inspect.Parameter("target", inspect.Parameter.KEYWORD_ONLY, default="llvm"),
-               inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None)]
-    fn.__signature__ = inspect.Signature(params)
+    fn.__signature__ = op.signature(extra=(
+        inspect.Parameter("target", inspect.Parameter.KEYWORD_ONLY, default="llvm"),
+        inspect.Parameter("name", inspect.Parameter.KEYWORD_ONLY, default=None)))
     fn.__name__ = fn.__qualname__ = op.name
     gradient = (f"Gradients flow to every float input through {op.pair} (see the module doc)."
                 if op.direction == "forward" else "It has no gradient of its own.")
-    fn.__doc__ = (f"{op.doc}\n\nInputs: {', '.join(op.input_names)}.\n"
-                  f"Outputs: {', '.join(op.output_names)} (TF tensors, a named tuple).\n"
-                  f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in op.attrs)}.\n"
-                  f"{gradient}\n")
+    fn.__doc__ = (f"{op.doc}\n\n{op.summary(' (TF tensors, a named tuple)')}{gradient}\n")
     return fn
 
 

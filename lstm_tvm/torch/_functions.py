@@ -3,8 +3,6 @@ custom op with TF's keyword arguments, its outputs as a named tuple."""
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from ..api import output_tuple
@@ -45,18 +43,12 @@ def make_function(op_name: str):
             validate_attrs(op, attrs)
         return result(*overload(*(kwargs[n] for n in op.input_names), **attrs))
 
-    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in op.input_names]
-    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
-                                 default=inspect.Parameter.empty if a.required else a.default)
-               for a in op.attrs]
-    fn.__signature__ = inspect.Signature(params)
+    fn.__signature__ = op.signature()
     fn.__name__ = fn.__qualname__ = op.name
     gradient = (f"Gradients reach every float input through {op.pair}; the gate outputs are "
                 f"not differentiable." if op.direction == "forward"
                 else "It has no gradient of its own.")
     fn.__doc__ = (f"{op.doc}\n\n``torch.ops.{NAMESPACE}.{op.name}`` with TF's keyword arguments"
-                  f" (``tf.raw_ops.{op.name}``).\n\nInputs: {', '.join(op.input_names)}.\n"
-                  f"Outputs: {', '.join(op.output_names)} (tensors, a named tuple).\n"
-                  f"Attributes: {', '.join(f'{a.name}={a.default!r}' for a in op.attrs)}.\n"
-                  f"{gradient}\n")
+                  f" (``tf.raw_ops.{op.name}``).\n\n"
+                  f"{op.summary(' (tensors, a named tuple)')}{gradient}\n")
     return fn

@@ -56,12 +56,7 @@ def _translation(op: OpSpec, opset):
         node = getattr(opset, op.name)
         return node(*args, **onnx_attrs(op.name, attrs, fill_defaults=True))
 
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-              for n in op.input_names]
-    params += [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY,
-                                 default=inspect.Parameter.empty if a.required else a.default)
-               for a in op.attrs]
-    translate.__signature__ = inspect.Signature(params)
+    translate.__signature__ = op.signature(inputs=inspect.Parameter.POSITIONAL_OR_KEYWORD)
     translate.__annotations__ = {a.name: a.type for a in op.attrs}
     translate.__name__ = translate.__qualname__ = f"{NAMESPACE}_{op.name}"
     return translate
