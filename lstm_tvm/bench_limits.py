@@ -159,7 +159,8 @@ def measure(threads: int, wh_sizes=(wh_bytes(REFERENCE_H),), *, seconds: float |
     """Measure the FMA peak on ``threads`` threads and the streaming of each ``W_h`` of
     ``wh_sizes`` bytes split over them.
 
-    Returns ``{"status": "ok", "isa", "vector_bits", "fma", "threads", "pinned",
+    Returns ``{"status": "ok", "isa", "vector_bits", "fma", "threads", "cpus" (those the
+    process may run on; 0 where the system does not say), "pinned" (each thread to its CPU),
     "fma_peak_gflops", "fma_gflops" (every run), "stream": [...], "seconds", "repeats",
     "build"}``, one ``stream`` entry per size: ``wh_bytes``, ``slice_bytes`` (per core, rounded
     up to whole vector groups), ``pass_s`` (the best time of one pass over the whole ``W_h``,
@@ -184,7 +185,8 @@ def measure(threads: int, wh_sizes=(wh_bytes(REFERENCE_H),), *, seconds: float |
                "pass_runs_s": s["pass_s"], "gbs_per_core": s["gbs_per_core"], "gbs": s["gbs"]}
               for wh, s in zip(wh_sizes, out["stream"])]
     return {"status": "ok", "isa": out["isa"], "vector_bits": out["vector_bits"],
-            "fma": out["fma"], "threads": out["threads"], "pinned": out["pinned"],
+            "fma": out["fma"], "threads": out["threads"], "cpus": out["cpus"],
+            "pinned": out["pinned"],
             "fma_peak_gflops": out["fma_peak_gflops"], "fma_gflops": out["fma_gflops"],
             "stream": stream, "seconds": seconds, "repeats": repeats,
             "build": " ".join(command)}
@@ -259,7 +261,10 @@ def describe(limits: dict | None, cpu: str | None = None) -> list[str]:
         return [f"limits: n/a ({limits.get('error', 'not measured').splitlines()[0]})"]
     pinned = ", pinned" if limits["pinned"] else ""
     fma = "FMA" if limits["fma"] else "no FMA: multiply + add"
-    items = [f"limits: {cpu or 'this CPU'}", f"{limits['threads']} cores (a thread each{pinned})",
+    threads, cpus = limits["threads"], limits.get("cpus") or 0
+    cores = (f"{threads} core{'s' * (threads > 1)} (a thread each{pinned})"
+             if threads <= cpus or not cpus else f"{threads} threads on {cpus} CPUs")
+    items = [f"limits: {cpu or 'this CPU'}", cores,
              f"{limits['isa']} ({limits['vector_bits']}-bit vectors, {fma})",
              f"FMA peak {limits['fma_peak_gflops']:.1f} GFLOP/s"]
     for s in limits["stream"]:
