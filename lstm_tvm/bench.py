@@ -24,8 +24,15 @@ What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones)
   case's FLOPs), whatever ``--dtype``; ``cell bwd (gates only)`` has no GEMM, so its roofline is
   a copy moving the case's bytes.
 
-The report (``--json``) holds every row and, in ``meta``, the machine, the package versions,
-the date and the command that repeats the run; :mod:`lstm_tvm.bench_report` prints it and
+Before the workers start, the bench measures this machine's limits
+(:mod:`lstm_tvm.bench_limits`: the float32 FMA peak on the bench's threads, and how fast each
+core streams its slice of ``W_h``) and gives each row how far it is from them: the fraction of
+the FMA peak it reaches, and at a batch of at most 2 its median over a floor
+(:func:`lstm_tvm.bench_limits.floor_s`: the passes over ``W_h`` at the measured streaming rate
+and the other GEMM FLOPs at the peak).
+
+The report (``--json``) holds every row and, in ``meta``, the machine, its limits, the package
+versions, the date and the command that repeats the run; :mod:`lstm_tvm.bench_report` prints it and
 makes the documentation's performance page from it.
 """
 
@@ -46,13 +53,14 @@ from pathlib import Path
 
 import numpy as np
 
+from . import bench_limits
 from . import bench_peers as peers
 from ._cli_common import parse_shapes
 from .env import usable_cores
 from .registry import forget_bias_of, get_op
 
 __all__ = ["DEFAULT_SHAPES", "LATENCY_SHAPES", "run", "parse_shapes", "case_ops", "case_flops",
-           "case_bytes", "command_line"]
+           "case_bytes", "command_line", "measure_limits"]
 
 DEFAULT_SHAPES = ((32, 16, 128, 128), (64, 32, 256, 256), (100, 64, 512, 512))
 #: ``lstm-tvm bench --latency``: deployment batch sizes, and a tiny op for per-call overhead.
@@ -240,12 +248,30 @@ def run_worker(job: dict, folder: Path, env: dict, timeout: float, bar) -> list[
     return results
 
 
+def measure_limits(opts: dict) -> dict:
+    """This machine's limits for a run of ``opts`` (:func:`lstm_tvm.bench_limits.measure`): the
+    FMA peak on ``opts["threads"]`` threads, built for the ISA lstm_tvm is built for
+    (``--isa``), and the streaming of ``W_h`` at ``I = H = 256`` float32 and at every ``H``
+    whose floor the run needs."""
+    from tqdm import tqdm
+
+    sizes = bench_limits.needed_wh_bytes(opts["shapes"], opts["cases"],
+                                         np.dtype(opts["dtype"]).itemsize)
+    with tqdm(total=1, desc="limits", file=sys.stderr, disable=None, leave=False) as bar:
+        limits = bench_limits.measure(opts["threads"], sizes,
+                                      march=ISAS[opts.get("isa", "native")][1])
+        bar.update(1)
+    return limits
+
+
 def run(opts: dict) -> dict:
-    """Plan, run every worker and aggregate; returns ``{"meta": ..., "results": [...]}``."""
+    """Measure the limits, plan, run every worker and aggregate; returns ``{"meta": ...,
+    "results": [...]}``."""
     from tqdm import tqdm
 
     start, load = time.perf_counter(), [os.getloadavg()[0]]
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    limits = measure_limits(opts)
     env = worker_env(opts["threads"], opts.get("isa", "native"))
     with tempfile.TemporaryDirectory(prefix="lstm-tvm-bench-") as tmp:
         folder = Path(tmp)
@@ -264,19 +290,22 @@ def run(opts: dict) -> dict:
                                  "seed", "no_cache")}
     meta["isa"] = opts.get("isa", "native")
     meta.update(shapes=[list(s) for s in opts["shapes"]], cases=opts["cases"],
-                impls=opts["only"], machine=machine(), versions=versions(),
+                impls=opts["only"], machine=machine(), limits=limits, versions=versions(),
                 sequence_ops=list(case_ops("seq_fwd", opts["v2"]) + case_ops("seq_bwd",
                                                                              opts["v2"])),
                 load_avg=load + [os.getloadavg()[0]], wall_s=time.perf_counter() - start,
                 python=platform.python_version(), date=date,
                 command=command_line(opts))
-    return {"meta": meta, "results": aggregate(results, opts)}
+    return {"meta": meta, "results": aggregate(results, opts, limits)}
 
 
 # --- aggregation and output ---------------------------------------------------------------------
 
-def aggregate(results: list[dict], opts: dict) -> list[dict]:
-    """Sort rows as the table shows them and add FLOPs, GFLOP/s, GB/s and speed ratios."""
+def aggregate(results: list[dict], opts: dict, limits: dict | None = None) -> list[dict]:
+    """Sort rows as the table shows them and add FLOPs, GFLOP/s, GB/s, speed ratios and, with
+    ``limits`` (:func:`measure_limits`), how far each row is from them
+    (:func:`lstm_tvm.bench_limits.case_limits`: ``peak_fraction``, ``floor_ms``,
+    ``over_floor``; the NumPy roofline runs no recurrence, so it gets no floor)."""
     order = {(tuple(s), c, i): k for k, (s, c, i) in enumerate(
         (s, c, i) for s in opts["shapes"] for c in opts["cases"] for i in opts["only"])}
     rows = sorted(results, key=lambda r: order[tuple(r["shape"]), r["case"], r["impl"]])
@@ -299,4 +328,8 @@ def aggregate(results: list[dict], opts: dict) -> list[dict]:
             r[f"vs_{PEER_NAMES[peer]}"] = their / t if t and their and mine else None
         kernel = ms.get((tuple(r["shape"]), r["case"], "lstm_tvm"))
         r["over_kernel"] = t / kernel if r["impl"] == "raw_ops" and t and kernel else None
+        r.update(bench_limits.case_limits(limits, r["case"], r["shape"],
+                                          np.dtype(opts["dtype"]).itemsize, t, r["gflops"]))
+        if r["impl"] == "numpy":
+            r.update(floor_ms=None, over_floor=None)
     return rows

@@ -1,7 +1,8 @@
 """How a benchmark report (``lstm-tvm bench --json``, made by :mod:`lstm_tvm.bench`) is shown.
 
 - :func:`render`: the text ``lstm-tvm bench`` prints, a table of at most :data:`WIDTH` columns
-  (median, GFLOP/s, speed ratios), or every column with ``wide`` (``--wide``).
+  (median, GFLOP/s, how far from this machine's limits, speed ratios), or every column with
+  ``wide`` (``--wide``).
 - :func:`load_reports`, :func:`speedups`, :func:`page_markdown`, :func:`plot_machine`: the
   documentation's performance page, made when the site builds from the reports committed as
   ``docs/performance/<records key>.json`` (one per machine): per machine its line (CPU,
@@ -20,6 +21,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from . import bench_limits
 from . import bench_peers as peers
 from ._cli_common import format_table
 from .bench import PEER_NAMES, case_flops, describe_machine
@@ -84,13 +86,17 @@ def render(report: dict, wide: bool = False) -> str:
     load = (f"load avg {meta['load_avg'][0]:.2f} -> {meta['load_avg'][1]:.2f} "
             f"(1 min, whole machine)")
     machine = f"machine: {describe_machine(meta['machine'])}"
+    limits = meta.get("limits")  # reports made before the bench measured them have none
+    limit_items = bench_limits.describe(limits, meta["machine"].get("cpu"))
+    measured = bool(limits) and limits.get("status") == "ok"
     if wide:
-        head = [", ".join(run + [machine, load]), ", ".join(versions)]
-        body, notes = _wide_table(rows), _wide_notes(rows)
+        head = [", ".join(run + [machine, load])] + [", ".join(limit_items)] * bool(limits)
+        head += [", ".join(versions)]
+        body, notes = _wide_table(rows, measured), _wide_notes(rows)
     else:
         head = (_wrap_items(run) + _wrap_items(machine.split(", ") + [load])
-                + _wrap_items(versions))
-        body, notes = _compact_table(rows), _compact_notes(rows)
+                + (_wrap_items(limit_items) if limits else []) + _wrap_items(versions))
+        body, notes = _compact_table(rows, measured), _compact_notes(rows)
     return "\n".join(head + ["", body, ""] + notes + [f"wall time: {meta['wall_s']:.1f} s"])
 
 
@@ -100,34 +106,71 @@ def _status(row, short: bool = False) -> str | None:
     return SHORT_STATUS.get(row["status"], row["status"]) if short else row["status"]
 
 
-def _compact_table(rows) -> str:
+def _times(ratio: float) -> str:
+    """A time over its floor in at most 4 characters: ``3.2x``, ``41x``, ``12kx``."""
+    if ratio >= 999.5:
+        return f"{ratio / 1e3:.0f}kx"
+    return f"{ratio:.1f}x" if ratio < 9.95 else f"{ratio:.0f}x"
+
+
+def _limit(row, measured: bool, kind: str | None = None, short: bool = False) -> str:
+    """The limit cell of a row: ``kind`` "peak" (share of the FMA peak), "floor" (median over
+    the floor) or None (the one its batch calls for: the floor up to
+    :data:`~lstm_tvm.bench_limits.FLOOR_MAX_BATCH`); ``n/a`` where the limits were not
+    measured, ``-`` where it does not apply."""
+    if kind is None:
+        kind = "floor" if row["shape"][1] <= bench_limits.FLOOR_MAX_BATCH else "peak"
+    if row["status"] != "ok" or not row.get("flops"):
+        return "-"
+    if not measured:
+        return "n/a"
+    value = row.get("peak_fraction" if kind == "peak" else "over_floor")
+    if value is None:
+        return "-"
+    if kind == "floor":
+        return _times(value)
+    # 4 characters: a share above 999% means a disturbed peak measurement (--wide: the figure)
+    return f"{min(value, 9.99) * 100:.0f}%" if short else f"{value * 100:.0f}%"
+
+
+def _compact_table(rows, measured: bool = False) -> str:
     shown = [r for r in rows if (r["impl"], r["case"]) not in peers.NOT_APPLICABLE]
     return format_table(
-        ("shape TxBxIxH", "case", "impl", "median ms", "GFLOP/s", "vs TF", "vs torch", "vs ORT",
-         "vs roof"),
+        ("shape TxBxIxH", "case", "impl", "median ms", "GFLOP/s", "lim", "vs TF", "vs torch",
+         "vs ORT", "vs roof"),
         [(_shape(r), SHORT_CASES[r["case"]], r["impl"],
           _status(r, short=True) or _num(r.get("median_ms"), ".3f"), _num(r["gflops"], ".1f"),
-          _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"), _num(r["vs_ORT"], ".2f"),
-          _num(r["vs_roofline"], ".2f")) for r in shown], right=range(3, 9))
+          _limit(r, measured, short=True), _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"),
+          _num(r["vs_ORT"], ".2f"), _num(r["vs_roofline"], ".2f")) for r in shown],
+        right=range(3, 10))
 
 
-def _wide_table(rows) -> str:
+def _wide_table(rows, measured: bool = False) -> str:
     return format_table(
-        ("shape TxBxIxH", "case", "impl", "median ms", "min ms", "GFLOP/s", "GB/s", "peak MiB",
-         "vs TF", "vs torch", "vs ORT", "vs roofline", "compile s", "timed"),
+        ("shape TxBxIxH", "case", "impl", "median ms", "min ms", "GFLOP/s", "% peak", "x floor",
+         "floor ms", "GB/s", "peak MiB", "vs TF", "vs torch", "vs ORT", "vs roofline",
+         "compile s", "timed"),
         [(_shape(r), r["label"], r["impl"],
           _status(r) or _num(r.get("median_ms"), ".3f"),
           _num(min(r["times_ms"]) if r["status"] == "ok" else None, ".3f"),
-          _num(r["gflops"], ".1f"), _num(r["gbs"], ".2f"), _num(r.get("peak_mib"), ".1f"),
+          _num(r["gflops"], ".1f"), _limit(r, measured, "peak"),
+          _limit(r, measured, "floor") if r["shape"][1] <= bench_limits.FLOOR_MAX_BATCH else "-",
+          _num(r.get("floor_ms"), ".4f"),
+          _num(r["gbs"], ".2f"), _num(r.get("peak_mib"), ".1f"),
           _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"), _num(r["vs_ORT"], ".2f"),
           _num(r["vs_roofline"], ".2f"),
           _num(r.get("compile_s"), ".2f") + ("*" if r.get("cached") else ""),
-          r.get("what", "-")) for r in rows], right=range(3, 13))
+          r.get("what", "-")) for r in rows], right=range(3, 16))
 
 
 def _overhead_notes(rows) -> list[str]:
     return [f"raw_ops / CompiledOp {r['label']} {_shape(r)}: {r['over_kernel']:.3f} "
             f"({r['median_ms'] * 1e3:.1f} us per call)" for r in rows if r.get("over_kernel")]
+
+
+_FLOOR_NOTE = ("floor = S passes over W_h (S = T, 1 for cells) at the measured streaming rate "
+               "+ the other GEMM FLOPs (input projection; backward also the x and w gradients) "
+               "at the FMA peak (docs/guide/benchmark.md).")
 
 
 def _wide_notes(rows) -> list[str]:
@@ -138,6 +181,8 @@ def _wide_notes(rows) -> list[str]:
              "lstm_tvm.raw_ops on NumPy arrays, TF and PyTorch imported in its process; ORT = "
              "ONNX Runtime's built-in LSTM op.",
              "min ms far below median ms: the calls were disturbed (other load on the cores).",
+             "% peak = GFLOP/s / this machine's float32 FMA peak (the limits: line); x floor "
+             "(B <= 2) = median / floor ms; " + _FLOOR_NOTE,
              "GB/s (cell cases) = bytes of all op inputs+outputs / time; peak MiB = RSS "
              "high-water growth during the calls; compile s * = loaded from the disk cache."]
     return notes + _overhead_notes(rows) + [
@@ -152,7 +197,10 @@ def _compact_notes(rows) -> list[str]:
              "w bound (packed once); raw_ops = lstm_tvm.raw_ops on NumPy arrays; ORT = ONNX "
              "Runtime's LSTM op. cell bwd gates = LSTMBlockCellGrad alone; cell bwd+mm = with "
              "cell_grad_matmul. --wide: min ms, GB/s, peak MiB, compile s and what was timed; "
-             "--json: every figure."]
+             "--json: every figure.",
+             "lim = how far from this machine's limits (the limits: line): at B <= 2 the "
+             "median over the floor (e.g. 3.2x), at larger batches the share of the FMA peak "
+             "reached (e.g. 41%); " + _FLOOR_NOTE]
     skipped: dict[tuple[str, str], list[str]] = {}
     for r in rows:
         if (r["impl"], r["case"]) in peers.NOT_APPLICABLE:
@@ -221,11 +269,19 @@ def _machine_lines(key: str, meta: dict) -> list[str]:
              f"{meta.get('isa', 'native')}; load average {load[0]:.2f} -> {load[1]:.2f} "
              "(1 minute, whole machine).",
              f"- Versions: {python}{versions}.",
+             *_limits_line(meta),
              f"- Date: {meta.get('date') or 'not recorded'}."]
     if meta.get("command"):
         lines += ["", "Made with:", "", "```bash",
                   f"{meta['command']} --json docs/performance/{key}.json", "```"]
     return lines
+
+
+def _limits_line(meta: dict) -> list[str]:
+    """The page's line of the machine's limits; none for a report made before the bench
+    measured them."""
+    items = bench_limits.describe(meta.get("limits"), meta["machine"].get("cpu"))
+    return [f"- Limits: {', '.join(items).removeprefix('limits: ')}."] if items else []
 
 
 def _machine_table(rows: list[dict]) -> list[str]:
