@@ -59,26 +59,15 @@ def database_dir(target, root: Path | None = None) -> Path:
     return Path(root or env.schedules_dir()) / records_key(target)
 
 
-#: LLVM's names of AMD x86 CPUs start with one of these (the rest are Intel's, or generic).
-_AMD_CPUS = ("znver", "bdver", "btver", "amdfam", "athlon", "opteron", "barcelona", "k8", "k6",
-             "geode")
-_GENERIC_CPUS = ("", "generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
-
-
 def isa_class(target) -> str:
     """The architecture and widest vector extension of a CPU target, and on x86 its vendor:
     ``x86_64 avx512f intel``, ``x86_64 avx2 amd``, ``x86_64 avx512f generic``, ``aarch64
-    neon`` (from LLVM's feature tables: no hardware needed)."""
+    neon`` (:class:`~lstm_tvm.schedule.traits.CpuTraits`, from LLVM's feature tables: no
+    hardware needed)."""
     from ..schedule.traits import cpu_traits
 
     traits = cpu_traits(target)
-    arch, vector = traits.arch, traits.extension
-    if arch not in ("x86_64", "i386", "i686"):
-        return f"{arch} {vector}"
-    mcpu = str(target.attrs.get("mcpu", ""))
-    vendor = ("generic" if mcpu in _GENERIC_CPUS else
-              "amd" if mcpu.startswith(_AMD_CPUS) else "intel")
-    return f"{arch} {vector} {vendor}"
+    return " ".join(filter(None, (traits.arch, traits.extension, traits.vendor)))
 
 
 def compatible(target, other) -> bool:
