@@ -12,9 +12,10 @@ from pathlib import Path
 from .. import build as _build
 from .._files import atomic_path
 from .._progress import steps
-from .._tvm import resolve_target, tvm
+from .._tvm import tvm
 from ..cross_compile import export_options
 from ..registry import DTYPES, OPS
+from ..targets import resolve
 from ..validation import validate_attrs
 from .manifest import LIBRARY, MANIFEST, dumps_manifest, make_manifest
 
@@ -60,7 +61,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
         only when stderr is a terminal, True also a line per step elsewhere, False nothing.
     """
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
-    link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
+    link = export_options(specs[0].resolved.target)  # a missing cross compiler: now
     variants = [spec.with_prepacked_weights() for spec in specs] if prepacked else []
     packed = {spec.op: spec for spec in variants if spec.prepacked}
     out = Path(out_dir)
@@ -73,7 +74,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
             funcs.update(_build.primfuncs(spec))
             bar.update()
         bar.set_postfix_str(f"compiling {len(funcs)} functions")
-        executable = tvm.compile(tvm.IRModule(funcs), target=resolve_target(specs[0].target))
+        executable = tvm.compile(tvm.IRModule(funcs), target=specs[0].resolved.target)
         bar.update()
         sha256 = _export_library(executable, out / LIBRARY, link)
         models = {}
@@ -103,7 +104,7 @@ def _specs(ops, target, dtype, input_size, cell_size, attrs: dict) -> list[_buil
         raise TypeError(f"export: unknown attributes {extra}; "
                         f"expected some of {list(EXPORT_ATTRS)}")
     attrs.setdefault("use_peephole", False)
-    tgt = resolve_target(target)
+    tgt = resolve(target)
     specs = []
     for name in names:
         op = OPS[name]
