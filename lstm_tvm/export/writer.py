@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..targets import resolve
 from ..validation import validate_attrs
 from .manifest import LIBRARY, MANIFEST, dumps_manifest, make_manifest
 
-__all__ = ["export", "cxx_build_command", "readme_text"]
+__all__ = ["export", "readme_text"]
 
 ONNX_DIR = "onnx"
 #: The attributes ``export`` accepts; each op takes the ones it has.
@@ -80,7 +79,9 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
         models = {}
         if onnx:
             bar.set_postfix_str("writing ONNX models")
-            models = _write_onnx(specs, out)
+            from ..onnx.models import write_models
+
+            models = write_models(out, specs, ONNX_DIR)
             bar.update()
         manifest = make_manifest(specs, sha256, models, packed)
         (out / MANIFEST).write_text(dumps_manifest(manifest))
@@ -121,47 +122,6 @@ def _export_library(executable, path: Path, options: dict) -> str:
         sha256 = hashlib.sha256(tmp.read_bytes()).hexdigest()
         os.chmod(tmp, 0o755)
     return sha256
-
-
-def _write_onnx(specs, out: Path) -> dict[str, str]:
-    from ..onnx import make_model
-
-    (out / ONNX_DIR).mkdir(exist_ok=True)
-    paths = {}
-    for spec in specs:
-        model = make_model(spec.op, spec.dtype, input_size=spec.input_size,
-                           cell_size=spec.cell_size, attrs=dict(spec.attrs))
-        paths[spec.op] = f"{ONNX_DIR}/{spec.op}.onnx"
-        (out / paths[spec.op]).write_bytes(model.SerializeToString())
-    return paths
-
-
-def cxx_build_command(source, output, compiler: str | None = None,
-                      libraries=None) -> list[str]:
-    """The command that builds the C++ example ``source`` against this installation's TVM.
-
-    ``compiler`` defaults to ``$CXX``, else the first of ``g++``, ``clang++``, ``c++`` on the
-    ``PATH``; raises ``FileNotFoundError`` when there is none. Headers: tvm-ffi's include folder;
-    libraries: ``libtvm_runtime.so`` (``--no-as-needed``: the kernels call its thread pool) and
-    ``libtvm_ffi.so``, with an rpath to both: this installation's, or those in the folder
-    ``libraries`` (another architecture's, with its cross compiler as ``compiler``: see
-    :func:`lstm_tvm.cross_compile.fetch_runtime`).
-    """
-    import tvm.libinfo
-    import tvm_ffi.libinfo
-
-    cxx = compiler or os.environ.get("CXX") or next(
-        (c for c in ("g++", "clang++", "c++") if shutil.which(c)), None)
-    if cxx is None:
-        raise FileNotFoundError("cxx_build_command: no C++ compiler (g++, clang++, c++) on PATH")
-    if libraries is not None:
-        ffi_lib = tvm_lib = Path(libraries)
-    else:
-        ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
-        tvm_lib = Path(tvm.libinfo.find_libtvm_runtime()).parent
-    return [cxx, "-std=c++17", "-O2", str(source), f"-I{tvm_ffi.libinfo.find_include_path()}",
-            f"-L{tvm_lib}", f"-L{ffi_lib}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
-            f"-Wl,-rpath,{tvm_lib}:{ffi_lib}", "-o", str(output)]
 
 
 _README = """\
