@@ -7,9 +7,9 @@ import time
 import click
 
 from .._cli_common import format_table, parse_shapes, split_choices, target_option
-from .._tvm import resolve_target
 from ..bench import DEFAULT_SHAPES
 from ..registry import DTYPES, OPS
+from ..targets import resolve
 
 
 @click.command("tune")
@@ -51,7 +51,7 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed, rpc_track
     (python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY on each device), and the
     records land under --target's records key.
     """
-    resolved = resolve_target(target)
+    resolved = resolve(target)
     from ..cross_compile import CrossCompilerMissing
     from ..tuning.database import database_dir
     from ..tuning.remote import RemoteError, Tracker, parse_address
