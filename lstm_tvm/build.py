@@ -36,7 +36,7 @@ def _source_digest() -> str:
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
     for path in sorted([*root.glob("kernels/*.py"), *root.glob("schedule/**/*.py"),
-                        root / "build.py", root / "_tvm.py"]):
+                        root / "build.py", root / "_tvm.py", root / "targets.py"]):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
