@@ -11,11 +11,11 @@ import numpy as np
 from . import build as _build
 from ._args import AliasGuard, LastCall, bind_inputs, kernel_error, out_list
 from ._launch import launcher_for
-from ._tvm import (configure_threads, device_exists, device_for, missing_device_error,
-                   resolve_target, tvm)
+from ._tvm import configure_threads, device_exists, device_for, missing_device_error, tvm
 from .cross_compile import is_cross
 from .kernels import WEIGHT_PACKS
 from .registry import DTYPES, KERNEL_OPS, get_op
+from .targets import resolve
 from .validation import (check_seq_len_max, expected_output_shapes, validate_attrs,
                          validate_inputs)
 
@@ -41,7 +41,7 @@ class CompiledOp:
     def __init__(self, spec: _build.BuildSpec, device=None):
         self.spec = spec
         self.op = get_op(spec.op)
-        self.target = resolve_target(spec.target)
+        self.target = spec.resolved.target
         self.device = device if device is not None else device_for(self.target)
         self._launch = launcher_for(self.device)
         if self.device.dlpack_device_type() == 1:  # CPU
@@ -256,7 +256,7 @@ def compile(op_name: str, *, target="llvm", dtype: str = "float32", input_size: 
     cell_size = _size_arg(op_name, "cell_size", cell_size)
     full = validate_attrs(op, attrs)
     try:
-        resolved = resolve_target(target)
+        resolved = resolve(target)
     except Exception as err:
         raise (TypeError if isinstance(err, TypeError) else ValueError)(
             f"{op_name}: target {target!r} is not a target kind, JSON dict or tvm.target.Target "

@@ -22,11 +22,11 @@ from filelock import FileLock
 
 from . import env
 from ._files import atomic_path
-from ._tvm import build_scope, resolve_target, target_key, tvm
+from ._tvm import build_scope, tvm
 from .kernels import WEIGHT_PACKS, KernelVariant, kernel_func, pack_func, pack_func_name
 from ._host_arrays import ALIGNMENT
 from .schedule import schedule_for
-from .schedule.traits import kernel_variant
+from .targets import ResolvedTarget, from_key, resolve
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _source_digest() -> str:
     h = hashlib.sha256()
     root = Path(__file__).resolve().parent
     for path in sorted([*root.glob("kernels/*.py"), *root.glob("schedule/**/*.py"),
-                        root / "build.py", root / "_tvm.py"]):
+                        root / "build.py", root / "_tvm.py", root / "targets.py"]):
         h.update(str(path.relative_to(root)).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -49,7 +49,8 @@ KERNEL_VERSION = _source_digest()
 class BuildSpec:
     """The cache key of one compiled kernel.
 
-    ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON;
+    ``attrs`` is a sorted tuple of ``(name, value)``; ``target`` is the target's JSON (the
+    key of its :attr:`resolved` target);
     ``tuned`` a sorted tuple of ``(block name, task, trace JSON)`` of the tuning records
     replayed on GEMM blocks (empty: default schedules). ``prepacked``: the kernel takes its
     weight panels as parameters between its inputs and outputs, and the module has a second
@@ -75,16 +76,21 @@ class BuildSpec:
         return f"lstm_tvm_{self.op}_{self.dtype}{suffix}"
 
     @property
+    def resolved(self) -> ResolvedTarget:
+        """The target this spec builds for (:func:`lstm_tvm.targets.from_key` of
+        :attr:`target`)."""
+        return from_key(self.target)
+
+    @property
     def variant(self) -> KernelVariant:
         """The form of the kernel this spec builds: its target's
         (:func:`lstm_tvm.schedule.traits.kernel_variant`), prepacked as :attr:`prepacked` says."""
-        return kernel_variant(resolve_target(json.loads(self.target)), self.prepacked)
+        return self.resolved.variant(self.prepacked)
 
     def with_prepacked_weights(self) -> BuildSpec:
         """The spec of this kernel taking its weight panels: prepacked for an op that packs
         weights on a CPU target (GPU kernels are not measured with it), else this spec."""
-        cpu = json.loads(self.target)["kind"] == "llvm"
-        packs = cpu and self.op in WEIGHT_PACKS and not self.prepacked
+        packs = self.resolved.cpu and self.op in WEIGHT_PACKS and not self.prepacked
         return dataclasses.replace(self, prepacked=True) if packs else self
 
     @property
@@ -103,21 +109,21 @@ class BuildSpec:
 
 def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
               target=None, tuned: bool = True, prepacked: bool = False) -> BuildSpec:
-    """A :class:`BuildSpec` with attrs normalised, the target resolved to its JSON and, with
-    ``tuned``, the best matching tuning record of each GEMM block attached; with
-    ``prepacked``, :meth:`BuildSpec.with_prepacked_weights`."""
+    """A :class:`BuildSpec` with attrs normalised, the target resolved
+    (:func:`lstm_tvm.targets.resolve`; a :class:`~lstm_tvm.targets.ResolvedTarget` is taken as
+    it is) to its JSON and, with ``tuned``, the best matching tuning record of each GEMM block
+    attached; with ``prepacked``, :meth:`BuildSpec.with_prepacked_weights`."""
     norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
-    resolved = resolve_target(target)
+    resolved = resolve(target)
     records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
-    spec = BuildSpec(op, dtype, int(input_size), int(cell_size), norm, target_key(resolved),
-                     records)
+    spec = BuildSpec(op, dtype, int(input_size), int(cell_size), norm, resolved.key, records)
     return spec.with_prepacked_weights() if prepacked else spec
 
 
-def _tuned_records(op, dtype, input_size, cell_size, attrs, target) -> tuple:
+def _tuned_records(op, dtype, input_size, cell_size, attrs, target: ResolvedTarget) -> tuple:
     from .tuning import database
 
-    return _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_key(target),
+    return _tuned_records_at(op, dtype, input_size, cell_size, attrs, target.key,
                              database.stamp(target))
 
 
@@ -138,17 +144,16 @@ def record_uses(spec: BuildSpec) -> tuple:
     records :func:`make_spec` attaches to a spec it makes now."""
     from .tuning import database
 
-    target = resolve_target(json.loads(spec.target))
     return _record_uses_at(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.attrs,
-                           spec.target, database.stamp(target))
+                           spec.target, database.stamp(spec.resolved))
 
 
 @functools.lru_cache(maxsize=256)
 def _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp) -> tuple:
     from .tuning import database
 
-    target = resolve_target(json.loads(target_json))
-    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, kernel_variant(target))
+    target = from_key(target_json)
+    blocks = _gemm_blocks(op, dtype, input_size, cell_size, attrs, target.variant())
     return database.block_uses(target, blocks, stamp)
 
 
@@ -157,9 +162,8 @@ def gemm_blocks(spec: BuildSpec) -> tuple:
     kernel order) tuning records are looked up for: those of the form of the kernel that
     ``spec``'s target builds (:func:`lstm_tvm.schedule.traits.kernel_variant`; a CUDA target's
     is the GPU form), with its weights in ``w``, as :func:`make_spec` looks records up."""
-    target = resolve_target(json.loads(spec.target))
     return _gemm_blocks(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.attrs,
-                        kernel_variant(target))
+                        spec.resolved.variant())
 
 
 @functools.lru_cache(maxsize=256)
@@ -178,11 +182,10 @@ def input_alignment(spec: BuildSpec) -> int:
 def primfunc(spec: BuildSpec, failures: list | None = None):
     """The scheduled PrimFunc of ``spec``, named :attr:`BuildSpec.func_name` (blocks no
     schedule applied to are appended to ``failures``, see :func:`schedule_for`)."""
-    target = resolve_target(json.loads(spec.target))
     func = kernel_func(spec.op, spec.dtype, spec.input_size, spec.cell_size, dict(spec.attrs),
                        spec.variant)
     tuned = {name: json.loads(trace) for name, _, trace in spec.tuned}
-    func = schedule_for(spec.op, func, target, failures, tuned=tuned)
+    func = schedule_for(spec.op, func, spec.resolved.target, failures, tuned=tuned)
     return func.with_attr("global_symbol", spec.func_name)
 
 
@@ -198,15 +201,14 @@ def primfuncs(spec: BuildSpec) -> dict:
 def pack_primfunc(spec: BuildSpec):
     """The scheduled PrimFunc ``(w, *panels)`` named :attr:`BuildSpec.pack_func_name` that
     fills the weight panels of a prepacked ``spec``'s kernel."""
-    target = resolve_target(json.loads(spec.target))
     func = pack_func(spec.op, spec.dtype, spec.input_size, spec.cell_size, spec.variant)
-    func = schedule_for(spec.op, func, target)
+    func = schedule_for(spec.op, func, spec.resolved.target)
     return func.with_attr("global_symbol", spec.pack_func_name)
 
 
 def build(spec: BuildSpec):
     """Compile ``spec`` with ``tvm.compile``; returns the ``tvm.runtime.Executable``."""
-    target = resolve_target(json.loads(spec.target))
+    target = spec.resolved.target
     mod = tvm.IRModule(primfuncs(spec))
     with build_scope(target):  # CUDA: nvcc/NVRTC take the arch from the current target
         return tvm.compile(mod, target=target)

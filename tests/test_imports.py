@@ -1,4 +1,6 @@
-"""The package's modules import each other in layers: no import cycle inside lstm_tvm.
+"""The package's modules import each other in layers: no import cycle inside lstm_tvm, between
+modules or between its packages (``lstm_tvm.onnx`` may use ``lstm_tvm.export`` or the other
+way round, not both).
 
 Every ``import`` statement counts, at module level or inside a function (a deferred import
 still makes the two modules depend on each other), and importing ``a.b.c`` depends on the
@@ -51,6 +53,22 @@ def import_graph() -> dict[str, set[str]]:
     return {m: _imported(m, p, modules) for m, p in modules.items()}
 
 
+def unit(module: str) -> str:
+    """The first-level part of lstm_tvm that ``module`` belongs to: ``lstm_tvm.onnx`` for
+    ``lstm_tvm.onnx.native``, a top-level module itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """:func:`import_graph` between first-level parts (:func:`unit`): a part imports another
+    when one of its modules imports one of the other's."""
+    found: dict[str, set[str]] = {}
+    for module, deps in graph.items():
+        found.setdefault(unit(module), set()).update(
+            unit(d) for d in deps if unit(d) != unit(module))
+    return found
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     index, low, stack, on_stack, found = {}, {}, [], set(), []
@@ -81,6 +99,19 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle_inside_the_package():
     assert cycles(import_graph()) == []
+
+
+def test_no_import_cycle_between_packages():
+    assert cycles(package_graph(import_graph())) == []
+
+
+def test_the_package_graph_finds_cycles_between_packages():
+    graph = import_graph()
+    assert "lstm_tvm.export" in package_graph(graph)["lstm_tvm.bench_ort"]
+    # a deferred import of the export from a module of the ONNX package, as there was one
+    graph["lstm_tvm.onnx.native"] = graph["lstm_tvm.onnx.native"] | {"lstm_tvm.export.writer"}
+    assert cycles(graph) == []  # no cycle of modules ...
+    assert cycles(package_graph(graph)) == [["lstm_tvm.export", "lstm_tvm.onnx"]]  # ... of packages
 
 
 def test_the_cycle_finder_finds_cycles():

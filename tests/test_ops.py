@@ -13,7 +13,9 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import reference, registry, testing
+from lstm_tvm._tvm import resolve_target
 from lstm_tvm.kernels.block_lstm_grad import W_GRAD_TRANSPOSED_FROM, w_grad_chunk
+from lstm_tvm.schedule.traits import kernel_variant
 
 # (B, I, H, T): B = 1, odd sizes, T = 1, and one shape wide enough for the vectorised paths.
 SHAPES = [(1, 3, 5, 1), (4, 7, 9, 5), (3, 16, 16, 4)]
@@ -78,7 +80,7 @@ def test_weight_gradient_over_several_chunks_of_rows(tf, op_name, dtype, I, H):
     pack the chunk's rows transposed."""
     B, T = 24, 24
     assert (I + H >= W_GRAD_TRANSPOSED_FROM) == (I > 16)
-    chunk = w_grad_chunk(I, H)
+    chunk = w_grad_chunk(I, H, kernel_variant(resolve_target("llvm")).l2_bytes)
     assert [divmod(n * B, chunk) for n in (T, 11, 10)] == [(2, 64), (1, 8), (0, 240)]
     attrs = {"use_peephole": True}
     for seq_len_max in (T, 11, 10):

@@ -7,9 +7,9 @@ import click
 from .. import build as _build
 from .. import env
 from .._cli_common import format_table, split_choices, target_option
-from .._tvm import resolve_target
 from ..bench import DEFAULT_SHAPES
 from ..registry import DTYPES, KERNEL_OPS, get_op
+from ..targets import resolve
 from ..tuning import database
 from ..validation import plain_attrs
 
@@ -54,10 +54,10 @@ def command(target, ops_, dtypes, sizes):
     kernels = split_choices(ops_, KERNEL_OPS, "--ops")
     dts = split_choices(dtypes, DTYPES, "--dtype")
     size_list = parse_sizes(sizes)
-    resolved = resolve_target(target)
-    key = database.records_key(resolved)
-    is_cpu = str(resolved.kind.name) == "llvm"
-    click.echo(f"target: {key} ({database.isa_class(resolved)})" if is_cpu else f"target: {key}")
+    resolved = resolve(target)
+    key = resolved.records_key
+    click.echo(f"target: {key} ({database.isa_class(resolved)})" if resolved.cpu
+               else f"target: {key}")
     for origin, root in env.schedule_roots():
         click.echo(f"{origin} records: {root}{'' if root.is_dir() else ' (none yet)'}")
     if env.shipped_schedules_dir() is None:

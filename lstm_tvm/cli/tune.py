@@ -7,9 +7,9 @@ import time
 import click
 
 from .._cli_common import format_table, parse_shapes, split_choices, target_option
-from .._tvm import resolve_target
 from ..bench import DEFAULT_SHAPES
 from ..registry import DTYPES, OPS
+from ..targets import resolve
 
 
 @click.command("tune")
@@ -43,15 +43,15 @@ def command(ops_, dtypes, shapes, target, trials, schedules_dir, seed, rpc_track
 
     Every distinct GEMM block (per op, dtype and shape) becomes a static-shape task; the
     search measures up to --trials tile schedules each and commits every measurement to
-    MetaSchedule's JSON database under <schedules>/<target key>/ as it goes (interrupt and
+    MetaSchedule's JSON database under <schedules>/<records key>/ as it goes (interrupt and
     rerun to continue). compile() and raw_ops use the best record of each block for kernels
     of the same target, input and cell size, whatever T and B.
 
     With --rpc-tracker and --rpc-key the candidates run on the tracker's servers of that key
     (python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY on each device), and the
-    records land under --target's key.
+    records land under --target's records key.
     """
-    resolved = resolve_target(target)
+    resolved = resolve(target)
     from ..cross_compile import CrossCompilerMissing
     from ..tuning.database import database_dir
     from ..tuning.remote import RemoteError, Tracker, parse_address

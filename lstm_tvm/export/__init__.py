@@ -13,13 +13,15 @@
 :func:`load` opens such a folder with ``tvm.runtime.load_module`` only (never compiles) and
 returns callables by op name that check their inputs against the manifest (:mod:`.loader`).
 :func:`save_tensor`/:func:`load_tensor` write and read the tensor files of the C++ example
-(``examples/cpp``); :func:`cxx_build_command` is its build line for this installation.
+(``examples/cpp``); :func:`cxx_build_command` (from :mod:`lstm_tvm.toolchain`) is its build
+line for this installation.
 """
 
 from .loader import ExportedLibrary, ExportedOp, load
 from .manifest import ALIGNMENT, FORMAT_VERSION, LIBRARY, MANIFEST, make_manifest, signature
 from .tensorfile import load_tensor, save_tensor
-from .writer import cxx_build_command, export
+from ..toolchain import cxx_build_command
+from .writer import export
 
 __all__ = [
     "ALIGNMENT",

@@ -5,20 +5,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import build as _build
 from .._files import atomic_path
 from .._progress import steps
-from .._tvm import resolve_target, tvm
+from .._tvm import tvm
 from ..cross_compile import export_options
 from ..registry import DTYPES, OPS
+from ..targets import resolve
 from ..validation import validate_attrs
 from .manifest import LIBRARY, MANIFEST, dumps_manifest, make_manifest
 
-__all__ = ["export", "cxx_build_command", "readme_text"]
+__all__ = ["export", "readme_text"]
 
 ONNX_DIR = "onnx"
 #: The attributes ``export`` accepts; each op takes the ones it has.
@@ -60,7 +60,7 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
         only when stderr is a terminal, True also a line per step elsewhere, False nothing.
     """
     specs = _specs(ops, target, dtype, input_size, cell_size, dict(attrs or {}))
-    link = export_options(resolve_target(specs[0].target))  # a missing cross compiler: now
+    link = export_options(specs[0].resolved.target)  # a missing cross compiler: now
     variants = [spec.with_prepacked_weights() for spec in specs] if prepacked else []
     packed = {spec.op: spec for spec in variants if spec.prepacked}
     out = Path(out_dir)
@@ -73,13 +73,15 @@ def export(out_dir, ops: Sequence[str] | None = None, *, target="llvm", dtype: s
             funcs.update(_build.primfuncs(spec))
             bar.update()
         bar.set_postfix_str(f"compiling {len(funcs)} functions")
-        executable = tvm.compile(tvm.IRModule(funcs), target=resolve_target(specs[0].target))
+        executable = tvm.compile(tvm.IRModule(funcs), target=specs[0].resolved.target)
         bar.update()
         sha256 = _export_library(executable, out / LIBRARY, link)
         models = {}
         if onnx:
             bar.set_postfix_str("writing ONNX models")
-            models = _write_onnx(specs, out)
+            from ..onnx.models import write_models
+
+            models = write_models(out, specs, ONNX_DIR)
             bar.update()
         manifest = make_manifest(specs, sha256, models, packed)
         (out / MANIFEST).write_text(dumps_manifest(manifest))
@@ -103,7 +105,7 @@ def _specs(ops, target, dtype, input_size, cell_size, attrs: dict) -> list[_buil
         raise TypeError(f"export: unknown attributes {extra}; "
                         f"expected some of {list(EXPORT_ATTRS)}")
     attrs.setdefault("use_peephole", False)
-    tgt = resolve_target(target)
+    tgt = resolve(target)
     specs = []
     for name in names:
         op = OPS[name]
@@ -120,47 +122,6 @@ def _export_library(executable, path: Path, options: dict) -> str:
         sha256 = hashlib.sha256(tmp.read_bytes()).hexdigest()
         os.chmod(tmp, 0o755)
     return sha256
-
-
-def _write_onnx(specs, out: Path) -> dict[str, str]:
-    from ..onnx import make_model
-
-    (out / ONNX_DIR).mkdir(exist_ok=True)
-    paths = {}
-    for spec in specs:
-        model = make_model(spec.op, spec.dtype, input_size=spec.input_size,
-                           cell_size=spec.cell_size, attrs=dict(spec.attrs))
-        paths[spec.op] = f"{ONNX_DIR}/{spec.op}.onnx"
-        (out / paths[spec.op]).write_bytes(model.SerializeToString())
-    return paths
-
-
-def cxx_build_command(source, output, compiler: str | None = None,
-                      libraries=None) -> list[str]:
-    """The command that builds the C++ example ``source`` against this installation's TVM.
-
-    ``compiler`` defaults to ``$CXX``, else the first of ``g++``, ``clang++``, ``c++`` on the
-    ``PATH``; raises ``FileNotFoundError`` when there is none. Headers: tvm-ffi's include folder;
-    libraries: ``libtvm_runtime.so`` (``--no-as-needed``: the kernels call its thread pool) and
-    ``libtvm_ffi.so``, with an rpath to both: this installation's, or those in the folder
-    ``libraries`` (another architecture's, with its cross compiler as ``compiler``: see
-    :func:`lstm_tvm.cross_compile.fetch_runtime`).
-    """
-    import tvm.libinfo
-    import tvm_ffi.libinfo
-
-    cxx = compiler or os.environ.get("CXX") or next(
-        (c for c in ("g++", "clang++", "c++") if shutil.which(c)), None)
-    if cxx is None:
-        raise FileNotFoundError("cxx_build_command: no C++ compiler (g++, clang++, c++) on PATH")
-    if libraries is not None:
-        ffi_lib = tvm_lib = Path(libraries)
-    else:
-        ffi_lib = Path(tvm_ffi.libinfo.find_libtvm_ffi()).parent
-        tvm_lib = Path(tvm.libinfo.find_libtvm_runtime()).parent
-    return [cxx, "-std=c++17", "-O2", str(source), f"-I{tvm_ffi.libinfo.find_include_path()}",
-            f"-L{tvm_lib}", f"-L{ffi_lib}", "-Wl,--no-as-needed", "-ltvm_runtime", "-ltvm_ffi",
-            f"-Wl,-rpath,{tvm_lib}:{ffi_lib}", "-o", str(output)]
 
 
 _README = """\

@@ -30,9 +30,6 @@ from .variant import KernelVariant
 #: Rows of ``x_grad`` a float16 sequence backward computes at a time (at most ``K_SLAB``:
 #: the last chunk reads that far past the last row of ``dicfo``).
 X_GRAD_CHUNK = K_SLAB
-#: Bytes of the weight gradient's packed operands per chunk of rows (see :func:`w_grad_chunk`):
-#: they should stay in the L2 cache (2 MiB per core on the machine measured, 1 MiB on others).
-W_GRAD_PACKED_BYTES = 3 * 2**20 // 2
 #: From this many columns ``I+H`` CPU builds pack the weight gradient's rows transposed (a
 #: column per row of the sequence): packed a row per row of the sequence, consecutive steps of
 #: the GEMM's reduction read its left operand ``4*(I+H)`` bytes apart, a page or more every few
@@ -42,14 +39,23 @@ W_GRAD_PACKED_BYTES = 3 * 2**20 // 2
 W_GRAD_TRANSPOSED_FROM = 512
 
 
-def w_grad_chunk(input_size: int, cell_size: int) -> int:
+def w_grad_packed_bytes(l2_bytes: int) -> int:
+    """Bytes of the weight gradient's packed operands per chunk of rows (see
+    :func:`w_grad_chunk`) on a core with ``l2_bytes`` of L2 cache: three quarters of it, so
+    that they stay there beside the rest of a chunk's data."""
+    return 3 * l2_bytes // 4
+
+
+def w_grad_chunk(input_size: int, cell_size: int, l2_bytes: int) -> int:
     """Rows of the sequence the weight gradient reduces per chunk: the most, among 256, 128
     and 64 (at most ``K_SLAB``: the last chunk reads that far into ``dicfo``'s zero rows),
     whose packed float32 operands (a row of ``I+H`` and one of ``4H`` values each) fit
-    :data:`W_GRAD_PACKED_BYTES` (larger chunks were faster while they fit the L2 cache, slower
-    past it: docs/performance.md, "BlockLSTMGrad's weight-gradient chunk")."""
+    :func:`w_grad_packed_bytes` of ``l2_bytes`` (:attr:`KernelVariant.l2_bytes`; larger
+    chunks were faster while they fit the L2 cache, slower past it: docs/performance.md,
+    "BlockLSTMGrad's weight-gradient chunk")."""
     row_bytes = 4 * (input_size + 5 * cell_size)
-    return next((rows for rows in (256, 128) if rows * row_bytes <= W_GRAD_PACKED_BYTES), 64)
+    budget = w_grad_packed_bytes(l2_bytes)
+    return next((rows for rows in (256, 128) if rows * row_bytes <= budget), 64)
 
 
 def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
@@ -192,7 +198,7 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     in_output = in_place and not kb.cpu
     acc = (flat(buf["w_grad"], I + H, name="w_grad_rows") if in_output
            else kb.temp("wg", acc_shape))
-    chunk = w_grad_chunk(I, H)
+    chunk = w_grad_chunk(I, H, kb.variant.l2_bytes)
     transposed = kb.cpu and I + H >= W_GRAD_TRANSPOSED_FROM
     a = kb.temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
     d_scratch = kb.panel_scratch("w_grad_d", chunk, G)

@@ -28,13 +28,16 @@ class KernelVariant:
     divides ``ROW_TILE``); CPU GEMMs whose rows it does not divide are cut in two blocks.
     ``prepacked``: the kernel takes its weight panels as parameters (see :mod:`._weights`).
     ``fixed_sizes``: constant ``T`` and ``B`` as sorted ``(name, value)`` pairs (tuning tasks
-    are cut from such static-shape kernels); empty: symbolic ones.
+    are cut from such static-shape kernels); empty: symbolic ones. ``l2_bytes``: the L2
+    cache per core that working sets cut into chunks are sized for (the target's
+    ``CpuTraits.l2_bytes``; the GPU form keeps this default, the CPU figure).
     """
 
     cpu: bool = True
     gemm_tile_rows: int = 0
     prepacked: bool = False
     fixed_sizes: tuple = ()
+    l2_bytes: int = 2 * 2**20
 
     def with_sizes(self, **sizes: int) -> KernelVariant:
         """This variant with constant sizes, e.g. ``with_sizes(T=64, B=32)``."""

@@ -6,6 +6,8 @@
   onnxruntime runs it with no custom kernel: :mod:`.functions`).
 - :func:`make_forward_backward_model`: a forward op feeding its grad op (``cs_grad``,
   ``h_grad`` are graph inputs; the forward's and the grad's outputs are graph outputs).
+- :func:`write_models`: the single-op models of build specs written to files (an export
+  folder's ``onnx/<Op>.onnx``).
 
 Both take ``initializers``: weights stored in the model instead of fed at every run (the
 native ONNX Runtime route packs a ``w`` initializer once per session, as ONNX Runtime's own
@@ -20,6 +22,7 @@ refuses onnx 1.23's defaults). Call :func:`~.schema.register_schemas` before
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -35,6 +38,7 @@ __all__ = [
     "make_node",
     "opset_imports",
     "value_info",
+    "write_models",
 ]
 
 
@@ -177,3 +181,18 @@ def make_forward_backward_model(fwd_op: str, dtype="float32", *, input_size: int
     return _model([fwd, bwd], [fwd_node, bwd_node], fwd.inputs + tuple(extra_inputs),
                   fwd.outputs + bwd.outputs, dtype, dims, with_functions,
                   f"lstm_tvm_{fwd.name}_{bwd.name}", initializers)
+
+
+def write_models(folder, specs, subdir: str = "onnx") -> dict[str, str]:
+    """Write each spec's single-op model (:func:`make_model`, its ONNX function attached) to
+    ``folder/<subdir>/<Op>.onnx``; returns each op's file relative to ``folder``. A spec is
+    anything with ``op``, ``dtype``, ``input_size``, ``cell_size`` and ``attrs`` (``(name,
+    value)`` pairs), e.g. a :class:`lstm_tvm.build.BuildSpec`."""
+    (Path(folder) / subdir).mkdir(exist_ok=True)
+    paths = {}
+    for spec in specs:
+        model = make_model(spec.op, spec.dtype, input_size=spec.input_size,
+                           cell_size=spec.cell_size, attrs=dict(spec.attrs))
+        paths[spec.op] = f"{subdir}/{spec.op}.onnx"
+        (Path(folder) / paths[spec.op]).write_bytes(model.SerializeToString())
+    return paths

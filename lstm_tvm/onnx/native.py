@@ -13,7 +13,7 @@ every failure an ONNX Runtime error. This module gets what it needs and builds i
   integrity hash), checked against :data:`HEADER_SHA256` and kept in the lstm_tvm cache.
   ``ORT_API_VERSION`` 29 <= the runtime's (1.31): the C API is backward compatible.
 - :func:`build_command` / :func:`build_library`: ``g++ -shared`` against tvm-ffi's headers,
-  ``libtvm_runtime.so`` and ``libtvm_ffi.so`` (as :func:`lstm_tvm.export.cxx_build_command`),
+  ``libtvm_runtime.so`` and ``libtvm_ffi.so`` (as :func:`lstm_tvm.toolchain.cxx_build_command`),
   with ``-DLSTM_TVM_ORT_DOMAIN`` = :data:`~.domain.DOMAIN`.
 - :func:`session_options`: ``SessionOptions`` with :data:`CONFIG_EXPORT_DIRS` set and the
   library registered (the library reads the entry when it is registered);
@@ -39,6 +39,7 @@ from pathlib import Path
 from .. import env
 from .._files import atomic_path
 from .._progress import notice
+from ..toolchain import cxx_build_command
 from ._threads import sleep_when_idle
 from .domain import DOMAIN
 
@@ -152,10 +153,8 @@ def build_command(output, *, source=SOURCE, include_dir=None,
     """The ``g++`` command that builds the custom-op library ``source`` into ``output``.
 
     ``include_dir`` defaults to :func:`ort_include_dir`; the rest is
-    :func:`lstm_tvm.export.cxx_build_command` plus ``-shared -fPIC`` and the domain define.
+    :func:`lstm_tvm.toolchain.cxx_build_command` plus ``-shared -fPIC`` and the domain define.
     """
-    from ..export import cxx_build_command
-
     include = Path(include_dir) if include_dir is not None else ort_include_dir()
     cmd = cxx_build_command(source, output, compiler)
     return [cmd[0], "-shared", "-fPIC", "-fvisibility=hidden", f"-I{include}",

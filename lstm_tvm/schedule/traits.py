@@ -1,4 +1,5 @@
-"""What a CPU target offers the schedules: vector width, vector registers, f16 arithmetic.
+"""What a CPU target offers the schedules and kernels: vector width, vector registers, f16
+arithmetic, vendor, L2 cache.
 
 Derived from the target's ``mtriple``, ``mcpu`` and ``mattr`` through LLVM's own CPU feature
 tables (the host's when the target names none), so a target is described without its hardware:
@@ -13,12 +14,21 @@ import functools
 import json
 
 from .._tvm import target_arch, tvm
+from ..kernels.contract import ROW_TILE
 from ..kernels.variant import KernelVariant
 
-__all__ = ["CpuTraits", "cpu_traits", "kernel_variant"]
+__all__ = ["CpuTraits", "cpu_traits", "cut_tile_rows", "kernel_variant"]
 
 #: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
 _X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
+#: LLVM's names of AMD x86 CPUs start with one of these (the rest are Intel's, or generic).
+_AMD_CPUS = ("znver", "bdver", "btver", "amdfam", "athlon", "opteron", "barcelona", "k8", "k6",
+             "geode")
+#: LLVM's names of x86 CPUs of no vendor: the baseline and the x86-64 feature levels.
+_GENERIC_CPUS = ("", "generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
+#: L2 cache per core assumed of every CPU: LLVM's tables hold no cache sizes. 2 MiB, as on the
+#: machine the weight gradient's chunks were measured on (others have 1 MiB).
+_L2_BYTES = 2 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +39,10 @@ class CpuTraits:
     vector register; ``vector_registers``: how many the ISA has; ``f16_arithmetic``: whether
     float16 arithmetic is native (AVX512-FP16, Armv8.2 FP16), else float16 is widened;
     ``extension``: the widest vector extension by LLVM's name (``avx512f``, ``avx2``, ``sve``,
-    ``neon``, else ``generic``), which names the ISA class of tuning records.
+    ``neon``, else ``generic``), which names the ISA class of tuning records; ``vendor``: an
+    x86 CPU's maker by its LLVM name (``intel``, ``amd``, or ``generic`` for the baseline and
+    feature levels), empty for other architectures; ``l2_bytes``: the L2 cache per core that
+    kernels size chunked working sets for.
     """
 
     arch: str
@@ -37,6 +50,8 @@ class CpuTraits:
     vector_registers: int
     f16_arithmetic: bool = False
     extension: str = "generic"
+    vendor: str = ""
+    l2_bytes: int = _L2_BYTES
 
     def lanes(self, dtype: str = "float32") -> int:
         """Elements of ``dtype`` in one vector register."""
@@ -76,7 +91,8 @@ def _traits(target_json: str) -> CpuTraits:
     if arch in ("x86_64", "i386", "i686"):
         bits, regs = next(((b, r) for f, b, r in _X86_VECTORS if has(f)), (64, 8))
         return CpuTraits(arch, bits, regs if arch == "x86_64" or bits == 512 else 8,
-                         bool(has("avx512fp16")), extension)
+                         bool(has("avx512fp16")), extension,
+                         _x86_vendor(str(target.attrs.get("mcpu", ""))))
     if arch in ("aarch64", "arm64"):
         # SVE's width is set by the hardware, not the target: NEON's 128 bits are what
         # every AArch64 core has.
@@ -84,11 +100,27 @@ def _traits(target_json: str) -> CpuTraits:
     return CpuTraits(arch, 128, 16, False, extension)
 
 
+def _x86_vendor(mcpu: str) -> str:
+    return ("generic" if mcpu in _GENERIC_CPUS else
+            "amd" if mcpu.startswith(_AMD_CPUS) else "intel")
+
+
+@functools.cache
+def cut_tile_rows() -> tuple[int, ...]:
+    """The register tile rows, among every x86 vector extension's, that do not divide
+    ``ROW_TILE``: the rows a CPU kernel may cut its GEMMs for (AVX2: 6; see
+    :attr:`CpuTraits.gemm_tile_rows`)."""
+    rows = (CpuTraits("x86_64", bits, regs).gemm_tile_rows for _, bits, regs in _X86_VECTORS)
+    return tuple(r for r in dict.fromkeys(rows) if r and ROW_TILE % r)
+
+
 def kernel_variant(target, prepacked: bool = False) -> KernelVariant:
     """The :class:`~lstm_tvm.kernels.variant.KernelVariant` of ``target``'s kernels (a
     ``tvm.target.Target``): the CPU form for an ``llvm`` target (GEMMs cut for its register
-    tile's rows, :attr:`CpuTraits.gemm_tile_rows`), else the GPU form; ``prepacked`` as
-    given."""
-    cpu = str(target.kind.name) == "llvm"
-    return KernelVariant(cpu=cpu, gemm_tile_rows=cpu_traits(target).gemm_tile_rows if cpu else 0,
-                         prepacked=prepacked)
+    tile's rows, :attr:`CpuTraits.gemm_tile_rows`; chunks sized for its
+    :attr:`CpuTraits.l2_bytes`), else the GPU form; ``prepacked`` as given."""
+    if str(target.kind.name) != "llvm":
+        return KernelVariant(cpu=False, prepacked=prepacked)
+    traits = cpu_traits(target)
+    return KernelVariant(cpu=True, gemm_tile_rows=traits.gemm_tile_rows, prepacked=prepacked,
+                         l2_bytes=traits.l2_bytes)

@@ -16,11 +16,12 @@ import dataclasses
 import functools
 import json
 import logging
-import re
 import textwrap
 from pathlib import Path
 
 from .. import env
+from ..schedule.traits import cpu_traits
+from ..targets import from_key, records_key, resolve
 from .space import describe
 from .tasks import Task, task_of
 
@@ -34,20 +35,6 @@ WORKLOAD_FILE = "database_workload.json"
 RECORD_FILE = "database_tuning_record.json"
 
 
-def _machine(target) -> str:
-    attrs = target.attrs
-    for name in ("mcpu", "arch"):
-        if name in attrs and str(attrs[name]):
-            return str(attrs[name])
-    # a CPU named by its triple alone (--target aarch64): its architecture
-    return str(attrs["mtriple"]).split("-")[0] if str(attrs.get("mtriple", "")) else "generic"
-
-
-def records_key(target) -> str:
-    """The folder name of ``target``'s records: its kind and CPU model or GPU architecture."""
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{target.kind.name}-{_machine(target)}")
-
-
 def same_machine(a, b) -> bool:
     """Whether two targets name the same kind of machine (kind and CPU model / arch)."""
     return records_key(a) == records_key(b)
@@ -59,26 +46,14 @@ def database_dir(target, root: Path | None = None) -> Path:
     return Path(root or env.schedules_dir()) / records_key(target)
 
 
-#: LLVM's names of AMD x86 CPUs start with one of these (the rest are Intel's, or generic).
-_AMD_CPUS = ("znver", "bdver", "btver", "amdfam", "athlon", "opteron", "barcelona", "k8", "k6",
-             "geode")
-_GENERIC_CPUS = ("", "generic", "x86-64", "x86-64-v2", "x86-64-v3", "x86-64-v4")
-
-
 def isa_class(target) -> str:
     """The architecture and widest vector extension of a CPU target, and on x86 its vendor:
     ``x86_64 avx512f intel``, ``x86_64 avx2 amd``, ``x86_64 avx512f generic``, ``aarch64
-    neon`` (from LLVM's feature tables: no hardware needed)."""
-    from ..schedule.traits import cpu_traits
-
-    traits = cpu_traits(target)
-    arch, vector = traits.arch, traits.extension
-    if arch not in ("x86_64", "i386", "i686"):
-        return f"{arch} {vector}"
-    mcpu = str(target.attrs.get("mcpu", ""))
-    vendor = ("generic" if mcpu in _GENERIC_CPUS else
-              "amd" if mcpu.startswith(_AMD_CPUS) else "intel")
-    return f"{arch} {vector} {vendor}"
+    neon`` (:class:`~lstm_tvm.schedule.traits.CpuTraits`, from LLVM's feature tables: no
+    hardware needed)."""
+    target = resolve(target)
+    traits = target.traits or cpu_traits(target.target)
+    return " ".join(filter(None, (traits.arch, traits.extension, traits.vendor)))
 
 
 def compatible(target, other) -> bool:
@@ -87,7 +62,8 @@ def compatible(target, other) -> bool:
     record is correct anywhere; this decides where it pays). x86 CPUs of another vendor are
     not compatible: on an AMD Zen 4 the records of an Intel Rocket Lake were 0.83-1.0x as fast
     as the rule-based schedules in most benchmark cases (docs/guide/tuning.md, Tuning records)."""
-    if str(target.kind.name) != "llvm" or str(other.kind.name) != "llvm":
+    target, other = resolve(target), resolve(other)
+    if not (target.cpu and other.cpu):
         return False
     return isa_class(target) == isa_class(other)
 
@@ -118,11 +94,12 @@ def sources(target) -> tuple[Source, ...]:
     root, user's first, then key name) whose records are :func:`compatible` with it, user's
     then shipped. Lookups go through them block by block (:func:`block_uses`), so borrowed
     records stand in for the blocks that own records lack."""
-    key, roots = records_key(target), env.schedule_roots()
+    target = resolve(target)
+    key, roots = target.records_key, env.schedule_roots()
     own = _folders(key, roots, borrowed=False)
-    if str(target.kind.name) != "llvm":
+    if not target.cpu:
         return own
-    donor = _donor(str(target), tuple((o, root, _mtime(root)) for o, root in roots))
+    donor = _donor(target.key, tuple((o, root, _mtime(root)) for o, root in roots))
     return own + (() if donor is None else _folders(donor, roots, borrowed=True))
 
 
@@ -143,10 +120,8 @@ def _mtime(path: Path):
 def _donor(target_json: str, roots: tuple) -> str | None:
     """The key a CPU target borrows records from (see :func:`sources`), if any; cached by the
     roots' mtimes (a new key folder changes its root's)."""
-    from .._tvm import tvm
-
-    target = tvm.target.Target(json.loads(target_json))
-    own = records_key(target)
+    target = from_key(target_json)
+    own = target.records_key
     for _, root, _ in roots:
         for folder in _database_folders(root):
             other = _recorded_target(_stamp(folder))

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from .. import env
 from ..cross_compile import export_options
-from .._tvm import configure_threads, meta_schedule, resolve_target
+from .._tvm import configure_threads, meta_schedule
 from ..registry import HELPERS, OPS, get_op
-from ..schedule.traits import cpu_traits, kernel_variant
+from ..targets import ResolvedTarget, resolve
 from ..validation import plain_attrs
 from . import database, remote
 from .space import fingerprint, fingerprints, space, space_size
@@ -76,7 +76,7 @@ def collect_tasks(ops, dtypes, shapes, target="llvm") -> list[Task]:
                for n in ops):
             names.append(helper.name)
     seen: dict[str, Task] = {}
-    variant = kernel_variant(resolve_target(target))
+    variant = resolve(target).variant()
     for name in names:
         op = get_op(name)
         attrs = plain_attrs(op)
@@ -101,20 +101,20 @@ def tune(ops=tuple(OPS), dtypes=("float32",), shapes=((64, 32, 256, 256),), targ
     session checks that one is there (:class:`lstm_tvm.tuning.remote.RemoteError` otherwise)
     before it writes anything. ``target`` then names the devices' CPU.
     """
-    target = resolve_target(target)
-    if str(target.kind.name) != "llvm":
-        raise ValueError(f"tuning {target.kind.name} targets is not supported yet: the tile "
+    target = resolve(target)
+    if not target.cpu:
+        raise ValueError(f"tuning {target.kind} targets is not supported yet: the tile "
                          f"space schedules CPU loops (llvm targets only)")
     configure_threads()
     tasks = collect_tasks(ops, dtypes, shapes, target)
-    traits = cpu_traits(target)
-    host = cpu_traits(resolve_target("llvm"))
+    traits = target.traits
+    host = resolve("llvm").traits
     if tracker is None and traits.arch != host.arch:
         raise ValueError(f"{database.records_key(target)}: an {traits.arch} target cannot be "
                          f"measured on this {host.arch} machine; measure it on its devices "
                          f"(tracker and key: --rpc-tracker, --rpc-key)")
     if tracker is not None:
-        export_options(target)  # a missing cross compiler: before anything else
+        export_options(target.target)  # a missing cross compiler: before anything else
         runner = remote.runner(tracker, _evaluator(), remote.wait_for_servers(tracker))
         builder = _in_process_builder(shared_library=True)
     else:
@@ -199,10 +199,10 @@ def _search(todo, n_tasks, target, db, progress, seed, builder, runner) -> None:
                              task_log, bar, tools)
 
 
-def _search_task(task, count, target, seed, logger, bar, tools) -> None:
+def _search_task(task, count, target: ResolvedTarget, seed, logger, bar, tools) -> None:
     ms = meta_schedule()
-    ctx = ms.TuneContext(mod=workload(task), target=target,
-                         space_generator=space(task, cpu_traits(target)),
+    ctx = ms.TuneContext(mod=workload(task), target=target.target,
+                         space_generator=space(task, target.traits),
                          search_strategy="evolutionary", task_name=task.key,
                          rand_state=-1 if seed is None else seed, num_threads="physical",
                          logger=logger)

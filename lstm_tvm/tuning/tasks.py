@@ -16,6 +16,7 @@ from ..kernels import KernelVariant, kernel_func
 from ..kernels.contract import K_SLAB, PANEL, ROW_TILE, GemmBlock
 from ..kernels.gemm_task import gemm_func
 from ..kernels.tir_analysis import divides, is_static
+from ..schedule.traits import cut_tile_rows
 
 __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 
@@ -23,12 +24,14 @@ __all__ = ["TASK_ATTR", "Task", "kernel_gemms", "tasks_for"]
 TASK_ATTR = "lstm_tvm.gemm"
 
 def _multiple(extent) -> int:
-    """The first of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, 6, 2, 1) known to
-    divide it (6 and 2: the rows of a GEMM cut for AVX2's register tile and those left, see
+    """The first of (extent itself if constant, K_SLAB, PANEL, ROW_TILE, the
+    :func:`~lstm_tvm.schedule.traits.cut_tile_rows` (AVX2's 6), 2, 1) known to divide it: the
+    rows of a GEMM cut for a register tile's rows, then those left, an even number (see
     ``kernels._builder.KernelBuilder.gemm``)."""
     if is_static(extent):
         return int(extent)
-    return next((m for m in (K_SLAB, PANEL, ROW_TILE, 6, 2) if divides(m, extent)), 1)
+    return next((m for m in (K_SLAB, PANEL, ROW_TILE, *cut_tile_rows(), 2)
+                 if divides(m, extent)), 1)
 
 
 def kernel_gemms(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,

@@ -91,8 +91,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     math after a step's GEMM reads whole rows; column blocks first made BlockLSTMV2
     64x32x256x256 4% slower).
     """
-    rows, cols = _register_tile(m_extent, n_extent, traits.accumulators, traits.lanes(),
-                                traits.gemm_tile_rows)
+    rows, cols = _register_tile(m_extent, n_extent, traits)
     if cols is None:
         return None
     while b_layout == "kn" and 2 * rows * cols <= traits.accumulators and divides(
@@ -172,18 +171,19 @@ def _right_layout(stmt, m, n, k) -> str | None:
     return None
 
 
-def _register_tile(m_extent, n_extent, accumulators: int, lanes: int,
-                   tile_rows: int = 0) -> tuple[int, int | None]:
-    """Rows and columns of a GEMM's register tile: the most rows among ``ROW_TILE`` and its
-    divisors that divide the row extent and fit ``accumulators`` with columns at least two
-    vectors (``lanes``) wide, the columns the first of :data:`COLUMN_CHOICES` that divides
-    and fits (AVX-512: 8x32; AVX2 and NEON: 4x16 rather than 2x32, docs/performance.md);
-    with no such rows, one row of the first dividing columns that leave room for two, widened
-    to four vectors where they divide (AVX-512: 1x64; two vectors of accumulators leave the
-    FMA latency exposed: at T=100, I=H=256 the forward ran 3% faster at B=1, 25% at B=2, the
-    backward 16-19%; docs/performance.md). A target's
+def _register_tile(m_extent, n_extent, traits: CpuTraits) -> tuple[int, int | None]:
+    """Rows and columns of a GEMM's register tile for a target's ``traits``: the most rows among
+    ``ROW_TILE`` and its divisors that divide the row extent and fit its
+    :attr:`~lstm_tvm.schedule.traits.CpuTraits.accumulators` with columns at least two vectors
+    (float32 :meth:`~lstm_tvm.schedule.traits.CpuTraits.lanes`) wide, the columns the first of
+    :data:`COLUMN_CHOICES` that divides and fits (AVX-512: 8x32; AVX2 and NEON: 4x16 rather than
+    2x32, docs/performance.md); with no such rows, one row of the first dividing columns that
+    leave room for two, widened to four vectors where they divide (AVX-512: 1x64; two vectors of
+    accumulators leave the FMA latency exposed: at T=100, I=H=256 the forward ran 3% faster at
+    B=1, 25% at B=2, the backward 16-19%; docs/performance.md). Its
     :attr:`~lstm_tvm.schedule.traits.CpuTraits.gemm_tile_rows` come first where they divide the
     rows (AVX2: 6x16; the kernels cut GEMMs so that they do, see ``kernels._builder.gemm``)."""
+    accumulators, lanes, tile_rows = traits.accumulators, traits.lanes(), traits.gemm_tile_rows
     dividing = [c for c in COLUMN_CHOICES if divides(c, n_extent)]
     if not dividing:
         return 1, None
