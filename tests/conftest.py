@@ -18,8 +18,12 @@ CPU_TARGETS = {"host": "llvm",
 
 
 def pytest_configure(config):
-    # Tests never read or write the user's cache: a fresh one per session (per worker process
-    # under pytest-xdist: each one configures itself).
+    # Under pytest-xdist the controller configures first and starts the workers with its
+    # environment: they share its folders (the cache locks each entry while it builds it), so a
+    # kernel, the native custom-op library or a fetched runtime is built once per run.
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return
+    # Tests never read or write the user's cache: a fresh one per run.
     if "LSTM_TVM_CACHE_DIR" not in os.environ or os.environ.get("CI"):
         os.environ["LSTM_TVM_CACHE_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_cache_")
     # Nor the user's tuning records: an empty user root (the shipped records still apply).

@@ -3,9 +3,10 @@
 The routes: plain onnxruntime on the ops' ONNX functions (``function``), the PyOp route
 (``lstm_tvm.onnx.ort.InferenceSession``), the native custom-op library
 (``lstm_tvm.onnx.native.InferenceSession``), ``lstm_tvm.relax.from_onnx`` compiled and run on
-Relax's VM, and ``lstm_tvm.export.load`` (feeds only: it takes no model). Each case runs in a
-child process (a crash or a hang fails that case only) and every (case, route) has its
-documented outcome: the float64 reference's values for valid edge cases, or an exception whose
+Relax's VM, and ``lstm_tvm.export.load`` (feeds only: it takes no model). Each route runs the
+cases one after another in a child process of its own (a crash or a hang fails that case only:
+the cases after it run in a new child) and every (case, route) has its documented outcome: the
+float64 reference's values for valid edge cases, or an exception whose
 message names the problem. What plain onnxruntime cannot see (an unknown attribute, the
 domain's version: it never reads lstm_tvm's schemas) is marked so, and
 :func:`lstm_tvm.onnx.check_model`, which the other routes run, refuses it.
@@ -15,11 +16,15 @@ import copy
 import dataclasses
 import json
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from _ort_harness import run_child
+from _ort_harness import child_script
 from onnx import TensorProto, helper
 
 from lstm_tvm import onnx as lo
@@ -199,11 +204,8 @@ _CHILD = r"""
 import json, sys, traceback
 import numpy as np
 import onnx
-case_dir, routes, exports, library = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
-meta = json.load(open(f"{case_dir}/meta.json"))
-model = onnx.load(f"{case_dir}/model.onnx")
-feeds = dict(np.load(f"{case_dir}/feeds.npz"))
-names = [v.name for v in model.graph.input]
+route, jobs = sys.argv[1], json.load(open(sys.argv[2]))
+exports, library = sys.argv[3], sys.argv[4]
 
 def function():
     import onnxruntime
@@ -236,14 +238,20 @@ def export():
     out = load(folder)[meta["op"]](**given)
     return [o.numpy() for o in out]
 
-for route in routes:
+for job in jobs:
+    case_dir = job["dir"]
+    print("START " + job["name"], flush=True)
+    meta = json.load(open(f"{case_dir}/meta.json"))
+    model = onnx.load(f"{case_dir}/model.onnx")
+    feeds = dict(np.load(f"{case_dir}/feeds.npz"))
+    names = [v.name for v in model.graph.input]
     try:
         out = globals()[route]()
         np.savez(f"{case_dir}/{route}.npz", *[np.asarray(o) for o in out])
-        print(json.dumps({"route": route, "ran": True}), flush=True)
+        row = {"route": route, "ran": True}
     except Exception as err:
-        print(json.dumps({"route": route, "ran": False,
-                          "error": f"{type(err).__name__}: {err}"}), flush=True)
+        row = {"route": route, "ran": False, "error": f"{type(err).__name__}: {err}"}
+    print("DONE " + json.dumps(row), flush=True)
 """
 
 
@@ -267,20 +275,69 @@ def native_setup(tmp_path_factory):
     return ",".join(folders), library
 
 
-def _outcomes(case, tmp_path, native_setup):
+def _write_case(name, folder):
+    """The case's model, feeds and op in ``folder``; returns its job for the child."""
+    case = CASES[name]
+    folder.mkdir()
+    onnx.save(case.model, folder / "model.onnx")
+    np.savez(folder / "feeds.npz", **case.feeds)
+    (folder / "meta.json").write_text(json.dumps({"op": case.op, "dtype": case.dtype}))
+    return {"name": name, "dir": str(folder)}
+
+
+def _run_child(route, spec, exports, library):
+    """The child on ``route`` and the jobs in ``spec``: ``(stdout, how it ended)``, the second
+    None when it exited normally."""
+    cmd = [sys.executable, "-c", child_script(_CHILD), route, str(spec), exports, library]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired as err:
+        out = err.stdout.decode() if isinstance(err.stdout, bytes) else err.stdout or ""
+        return out, f"the child hung (900 s); stderr:\n{err.stderr}"
+    if done.returncode != 0:
+        how = (f"killed by {signal.Signals(-done.returncode).name}" if done.returncode < 0
+               else f"exit status {done.returncode}")
+        return done.stdout, f"the child failed ({how}); stderr:\n{done.stderr[-6000:]}"
+    return done.stdout, None
+
+
+def _run_route(route, jobs, folder, native_setup):
+    """``case -> row`` of ``route`` on every job, the cases one after another in a child
+    process of this route alone. A case the child died or hung in gets ``{"crashed": ...}``
+    and the cases after it run in a new child: a crash fails that case only."""
     exports, library = native_setup
-    onnx.save(case.model, tmp_path / "model.onnx")
-    np.savez(tmp_path / "feeds.npz", **case.feeds)
-    (tmp_path / "meta.json").write_text(json.dumps({"op": case.op, "dtype": case.dtype}))
-    routes = [r for r in ROUTES if case.expect.get(r) is not None]
-    out = run_child(_CHILD, tmp_path, ",".join(routes), exports, library, timeout=900)
-    results = {}
-    for line in out.splitlines():
-        if line.startswith("{"):
-            row = json.loads(line)
-            results[row["route"]] = row
-    assert sorted(results) == sorted(routes), out
+    results, remaining, attempt = {}, list(jobs), 0
+    while remaining:
+        attempt += 1
+        spec = folder / f"{route}.{attempt}.json"
+        spec.write_text(json.dumps(remaining))
+        out, crash = _run_child(route, spec, exports, library)
+        started = None
+        for line in out.splitlines():
+            if line.startswith("START "):
+                started = line[len("START "):]
+            elif line.startswith("DONE "):
+                results[started], started = json.loads(line[len("DONE "):]), None
+        if started is not None or crash is not None:
+            where = started or next(j["name"] for j in remaining if j["name"] not in results)
+            results[where] = {"route": route, "crashed": crash or "the child stopped in it"}
+        remaining = [j for j in remaining if j["name"] not in results]
     return results
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, native_setup):
+    """``(case -> route -> row, case -> folder)``: every case on each route that applies to it
+    (a row: ``{"ran": ..., "error": ...}``; the route's outputs in the case's folder as
+    ``<route>.npz``)."""
+    folder = tmp_path_factory.mktemp("contract_cases")
+    jobs = {name: _write_case(name, folder / f"case{k}") for k, name in enumerate(CASES)}
+    by_case = {name: {} for name in CASES}
+    for route in ROUTES:
+        applies = [jobs[n] for n, case in CASES.items() if case.expect.get(route) is not None]
+        for name, row in _run_route(route, applies, folder, native_setup).items():
+            by_case[name][route] = row
+    return by_case, {name: Path(job["dir"]) for name, job in jobs.items()}
 
 
 def _expected(case):
@@ -292,16 +349,20 @@ def _expected(case):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_every_route_keeps_the_contract(name, tmp_path, native_setup):
+def test_every_route_keeps_the_contract(name, outcomes):
     """Each route's outcome for the case is its documented one."""
     case = CASES[name]
-    results = _outcomes(case, tmp_path, native_setup)
+    by_case, folders = outcomes
+    results, case_dir = by_case[name], folders[name]
+    for route, row in results.items():
+        assert "crashed" not in row, f"{name} on the {route} route: {row['crashed']}"
+    assert sorted(results) == sorted(r for r in ROUTES if case.expect.get(r) is not None)
     for route, row in results.items():
         expect = case.expect[route]
         label = f"{name} on the {route} route"
         if expect in (REF, UNSEEN):
             assert row["ran"], f"{label}: {row.get('error')}"
-            got = np.load(tmp_path / f"{route}.npz")
+            got = np.load(case_dir / f"{route}.npz")
             want = _expected(case)
             for k, out_name in enumerate(OPS[case.op].output_names):
                 testing.assert_close(got[f"arr_{k}"], want[out_name], case.dtype,
