@@ -13,7 +13,7 @@ handed to a single long-lived thread of lstm_tvm's (:func:`launch`), whose pool 
 and kernels run one at a time in the process (a lock), each with every core. The calling thread
 waits, blocked without the GIL, and gets the kernel's result or exception. A process has at
 most two TVM pools, whatever the threads that call, and no kernel ever runs on a thread that
-may end.
+may end. Each thread of a kernel runs on a core of its own (:mod:`lstm_tvm._placement`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 import queue
 import threading
+
+from ._placement import Placement
 
 __all__ = ["launch", "launcher_for"]
 
@@ -32,7 +34,7 @@ def launch(func, *args):
     module doc); returns its result or raises its exception in the calling thread."""
     if threading.get_ident() == _MAIN:
         with _state.lock:
-            return func(*args)
+            return _state.placement.run(func, args)
     return _state.thread().run(func, args)
 
 
@@ -49,8 +51,9 @@ def _call(func, *args):
 class _KernelThread:
     """The thread that runs the kernels of every thread but the main one, one job at a time."""
 
-    def __init__(self, lock):
+    def __init__(self, lock, placement):
         self._lock = lock
+        self._placement = placement
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name="lstm_tvm kernels",
                                         daemon=True)
@@ -72,7 +75,7 @@ class _KernelThread:
             job = self._jobs.get()
             try:
                 with self._lock:
-                    job[2] = job[0](*job[1])
+                    job[2] = self._placement.run(job[0], job[1])
             except BaseException as err:  # noqa: BLE001 - raised in the caller's thread
                 job[3] = err
             finally:
@@ -81,11 +84,13 @@ class _KernelThread:
 
 
 class _State:
-    """The kernel lock and the kernel thread (started at the first kernel of a thread other
-    than the main one; both made anew in a forked child, which has neither thread)."""
+    """The kernel lock, the kernel thread (started at the first kernel of a thread other
+    than the main one) and where kernels' threads run (:mod:`lstm_tvm._placement`); all made
+    anew in a forked child, which has neither thread nor pool."""
 
     def __init__(self):
         self.lock = threading.Lock()
+        self.placement = Placement()
         self._thread: _KernelThread | None = None
         self._starting = threading.Lock()
 
@@ -94,7 +99,7 @@ class _State:
         if current is None:
             with self._starting:
                 if self._thread is None:
-                    self._thread = _KernelThread(self.lock)
+                    self._thread = _KernelThread(self.lock, self.placement)
                 current = self._thread
         return current
 

@@ -1,0 +1,105 @@
+"""Each thread of a CPU kernel on a core of its own: TVM's pool workers pinned, the caller
+pinned while its kernel runs.
+
+A sequence kernel's threads meet at a barrier every time step. Left to the OS, the thread
+that launches a kernel and its pool's worker sometimes share one core for the life of the
+process (both stay busy, so neither is ever moved): every step then waits for a time slice,
+and the process runs at about a single thread's speed. TVM's own pinning
+(``TVM_BIND_THREADS=1``) pins the workers but not the caller, which the OS may still put on a
+worker's core (docs/performance.md has both cases).
+
+So, on Linux, when a launching thread's pool first appears (the threads its first parallel
+kernel started), its workers are pinned one per core to all the cores of the process's
+affinity but the first, and the launching thread runs each of its kernels pinned to that
+first core, its own affinity restored after the kernel. ``LSTM_TVM_PIN_THREADS=0`` turns
+this off, as does ``TVM_BIND_THREADS=1`` (TVM then places the workers).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+
+__all__ = ["Placement", "enabled"]
+
+log = logging.getLogger(__name__)
+
+#: Launches of a thread watched for its pool's workers before giving up (kernels without a
+#: parallel loop start none).
+_WATCHED_LAUNCHES = 16
+_UNPINNED = -1
+
+
+def enabled() -> bool:
+    """Whether lstm_tvm places its kernels' threads (see the module doc)."""
+    return (sys.platform.startswith("linux") and hasattr(os, "sched_setaffinity")
+            and os.environ.get("LSTM_TVM_PIN_THREADS", "1") != "0"
+            and os.environ.get("TVM_BIND_THREADS", "0") in ("", "0"))
+
+
+def _threads() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+class Placement:
+    """The core each launching thread runs its kernels on (see the module doc)."""
+
+    def __init__(self):
+        self._core: dict[int, int] = {}  # launching thread -> its core, or _UNPINNED
+        self._watched: dict[int, int] = {}
+        self._on = enabled()
+
+    def run(self, func, args):
+        """``func(*args)`` (a kernel) with the calling thread on its core."""
+        if not self._on:
+            return func(*args)
+        ident = threading.get_ident()
+        core = self._core.get(ident)
+        if core is None:
+            return self._first_launches(ident, func, args)
+        if core == _UNPINNED:
+            return func(*args)
+        saved = os.sched_getaffinity(0)
+        if saved == {core}:
+            return func(*args)
+        try:
+            os.sched_setaffinity(0, {core})
+        except OSError:  # the process's cores changed since: leave the threads be
+            self._core[ident] = _UNPINNED
+            return func(*args)
+        try:
+            return func(*args)
+        finally:
+            os.sched_setaffinity(0, saved)
+
+    def _first_launches(self, ident: int, func, args):
+        before = _threads()
+        result = func(*args)
+        started = _threads() - before
+        watched = self._watched.get(ident, 0) + 1
+        self._watched[ident] = watched
+        if started:
+            self._core[ident] = self._pin(sorted(started))
+        elif watched >= _WATCHED_LAUNCHES:
+            self._core[ident] = _UNPINNED
+        return result
+
+    @staticmethod
+    def _pin(workers: list[int]) -> int:
+        """Pin ``workers`` one per core after the first of the caller's cores; returns that
+        first core, or ``_UNPINNED`` where the cores are too few or the OS refuses."""
+        cores = sorted(os.sched_getaffinity(0))
+        if len(workers) + 1 > len(cores):
+            return _UNPINNED
+        try:
+            for tid, core in zip(workers, cores[1:]):
+                os.sched_setaffinity(tid, {core})
+        except OSError as err:
+            log.debug("lstm_tvm: could not pin the kernel threads: %s", err)
+            return _UNPINNED
+        return cores[0]

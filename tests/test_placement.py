@@ -1,0 +1,87 @@
+"""Where a CPU kernel's threads run (lstm_tvm._placement): the pool's workers pinned one per
+core, the caller on the remaining core while its kernel runs, its own affinity restored after;
+results unchanged. Each case runs in a fresh process (a pool starts once per process)."""
+
+import json
+import os
+import sys
+
+import pytest
+from _ort_harness import run_child
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+    reason="pins threads with Linux affinities; needs two cores")
+
+_CHILD = """
+import json
+import os
+import sys
+import threading
+
+import numpy as np
+import tvm
+
+import lstm_tvm
+from lstm_tvm import reference, testing
+
+def affinities():
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/status") as fh:
+            line = next(l for l in fh if l.startswith("Cpus_allowed_list"))
+        out[int(tid)] = line.split()[1]
+    return out
+
+before = affinities()
+op = lstm_tvm.compile("BlockLSTM", input_size=64, cell_size=64)
+inputs = testing.make_inputs("BlockLSTM", B=8, I=64, H=64, T=6, seed=3)
+args = {k: int(v) if k == "seq_len_max" else tvm.runtime.tensor(v, op.device)
+        for k, v in inputs.items()}
+seen = {}
+def record():  # the caller's affinity while its kernel runs, read from a kernel-side hook
+    seen["during"] = sorted(os.sched_getaffinity(0))
+from lstm_tvm import _launch
+real = _launch._state.placement.run
+def run(func, args):
+    return real(lambda *a: (record(), func(*a))[1], args)
+_launch._state.placement.run = run
+for _ in range(2):
+    out = op(**args)
+expected = reference.run("BlockLSTM", inputs, {})
+for name in out._fields:
+    testing.assert_close(getattr(out, name).numpy(), expected[name], "float32", name)
+after = affinities()
+workers = {tid: cpus for tid, cpus in after.items() if tid not in before}
+print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "during": seen["during"],
+                  "workers": sorted(workers.values()),
+                  "cores": sorted(os.sched_getaffinity(0))}))
+"""
+
+
+def _child(pin: str) -> dict:
+    env_before = os.environ.get("LSTM_TVM_PIN_THREADS")
+    os.environ["LSTM_TVM_PIN_THREADS"] = pin
+    try:
+        return json.loads(run_child(_CHILD).strip().splitlines()[-1])
+    finally:
+        if env_before is None:
+            del os.environ["LSTM_TVM_PIN_THREADS"]
+        else:
+            os.environ["LSTM_TVM_PIN_THREADS"] = env_before
+
+
+def test_pool_workers_pinned_and_caller_on_the_free_core():
+    got = _child("1")
+    cores = got["cores"]
+    assert got["main"] == cores  # restored after the kernel
+    assert got["during"] == [cores[0]]
+    pinned = [w for w in got["workers"] if w.isdigit()]
+    assert pinned and len(set(pinned)) == len(pinned)
+    assert all(int(w) in cores[1:] for w in pinned)
+
+
+def test_pinning_off_leaves_every_thread_free():
+    got = _child("0")
+    assert got["during"] == got["cores"]
+    assert all(not w.isdigit() for w in got["workers"])
