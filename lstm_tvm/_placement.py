@@ -84,7 +84,12 @@ class Placement:
         watched = self._watched.get(ident, 0) + 1
         self._watched[ident] = watched
         if started:
-            self._core[ident] = self._pin(sorted(started))
+            # Only a pool's whole set of workers (its threads but the caller) is pinned: other
+            # threads the process started meanwhile are left alone.
+            from ._tvm import configure_threads  # the pool's size, set before any kernel
+
+            self._core[ident] = (self._pin(sorted(started))
+                                 if len(started) == configure_threads() - 1 else _UNPINNED)
         elif watched >= _WATCHED_LAUNCHES:
             self._core[ident] = _UNPINNED
         return result
