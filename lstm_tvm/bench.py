@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from . import bench_limits
+from .bench_limits import case_flops
 from . import bench_peers as peers
 from ._cli_common import parse_shapes
 from .env import usable_cores
@@ -82,16 +83,6 @@ def case_ops(case: str, v2: bool = False) -> tuple[str, ...]:
     return {"seq_fwd": (f"BlockLSTM{v}",), "seq_bwd": (f"BlockLSTMGrad{v}",),
             "cell_fwd": ("LSTMBlockCell",), "cell_bwd": ("LSTMBlockCellGrad",),
             "cell_bwd_full": ("LSTMBlockCellGrad", "CellGradMatmul")}[case]
-
-
-def case_flops(case: str, T: int, B: int, I: int, H: int) -> int | None:
-    """GEMM FLOPs: forward ``8*T*B*H*(I+H)``, backward twice that, cells with ``T = 1``.
-
-    ``cell_bwd`` (LSTMBlockCellGrad alone: gate gradients, elementwise) has none: None.
-    """
-    per = 8 * (T if case.startswith("seq") else 1) * B * H * (I + H)
-    return {"seq_fwd": per, "seq_bwd": 2 * per, "cell_fwd": per, "cell_bwd": None,
-            "cell_bwd_full": 2 * per}[case]
 
 
 def case_bytes(case: str, dtype: str, T: int, B: int, I: int, H: int) -> int:

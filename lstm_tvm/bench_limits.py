@@ -37,7 +37,7 @@ from ._files import atomic_path
 
 __all__ = ["SOURCE", "SECONDS", "REPEATS", "SECONDS_ENV", "FLOOR_MAX_BATCH", "REFERENCE_H",
            "compiler", "build", "measure", "wh_bytes", "slice_bytes", "needed_wh_bytes",
-           "stream_of", "floor_s", "case_limits", "describe"]
+           "stream_of", "floor_s", "case_limits", "describe", "case_flops"]
 
 SOURCE = Path(__file__).resolve().with_name("bench_limits.c")
 #: Seconds each measurement lasts (the best of :data:`REPEATS` is kept).
@@ -141,12 +141,20 @@ def slice_bytes(wh: int, threads: int) -> int:
     return -(-wh // threads)
 
 
+def case_flops(case: str, T: int, B: int, I: int, H: int) -> int | None:
+    """GEMM FLOPs: forward ``8*T*B*H*(I+H)``, backward twice that, cells with ``T = 1``.
+
+    ``cell_bwd`` (LSTMBlockCellGrad alone: gate gradients, elementwise) has none: None.
+    """
+    per = 8 * (T if case.startswith("seq") else 1) * B * H * (I + H)
+    return {"seq_fwd": per, "seq_bwd": 2 * per, "cell_fwd": per, "cell_bwd": None,
+            "cell_bwd_full": 2 * per}[case]
+
+
 def needed_wh_bytes(shapes, cases, itemsize: int) -> list[int]:
     """The sizes of ``W_h`` whose streaming a bench run needs: the reference (``H = 256``,
     float32) and, for every shape whose batch is at most :data:`FLOOR_MAX_BATCH` and that
     runs a case with a GEMM, ``W_h`` of its ``H`` at the run's ``itemsize``."""
-    from .bench import case_flops
-
     sizes = [wh_bytes(REFERENCE_H)]
     for T, B, I, H in shapes:
         if B <= FLOOR_MAX_BATCH and any(case_flops(c, T, B, I, H) for c in cases):
@@ -216,7 +224,7 @@ def floor_s(case: str, T: int, B: int, I: int, H: int, peak_gflops: float,
       backward the ``x`` gradient ``dgates @ W_x^T`` (as many) and the ``w`` gradient
       ``[x, h]^T @ dgates`` (``8*S*B*H*(I+H)``), so ``F = 8*S*B*H*(2I+H)``.
 
-    The recurrent and the other FLOPs add up to the case's (:func:`lstm_tvm.bench.case_flops`).
+    The recurrent and the other FLOPs add up to the case's (:func:`case_flops`).
     """
     steps = T if case.startswith("seq") else 1
     if case in ("seq_fwd", "cell_fwd"):
