@@ -8,6 +8,7 @@ reference; the float64 reference for ``CellGradMatmul`` and float16. float32 tol
 """
 
 import concurrent.futures
+import os
 import re
 
 import numpy as np
@@ -19,6 +20,7 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is the oracle")
 
 import lstm_tvm.torch as lt  # noqa: E402
 from lstm_tvm import raw_ops, reference, registry, testing  # noqa: E402
+from lstm_tvm.torch import _openmp  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6  # noqa: E741 - the registry's size symbols
 FLOATS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
@@ -340,6 +342,35 @@ def test_calls_from_other_threads_match_the_main_thread():
     for got in results:
         for name in want:
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def _threads() -> set:
+    return set(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not _openmp.enabled(), reason="PyTorch's OpenMP here is not libgomp on "
+                                                   "Linux (its workers are left alone)")
+def test_pytorch_openmp_workers_are_released_before_a_kernel():
+    """The OpenMP workers a parallel PyTorch op started are gone once an op of lstm_tvm.torch
+    ran (they would spin on the cores its kernel runs on), and the op's results are
+    ``raw_ops``'s."""
+    inputs = _inputs("BlockLSTM")
+    tensors = _tensors(inputs)
+    lt.BlockLSTM(**tensors, **_attrs("BlockLSTM"))  # TVM's pool and the plan start here
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        before = _threads()
+        torch.ones(1 << 22).sum()  # large enough to run on 2 OpenMP threads
+        started = _threads() - before
+        assert started, "the parallel op started no OpenMP worker"
+        got = lt.BlockLSTM(**tensors, **_attrs("BlockLSTM"))
+        assert not started & _threads(), "PyTorch's OpenMP workers still run"
+    finally:
+        torch.set_num_threads(threads)
+    want = raw_ops.BlockLSTM(**inputs, **_attrs("BlockLSTM"))
+    for name, value in want._asdict().items():
+        np.testing.assert_array_equal(getattr(got, name).numpy(), value, err_msg=name)
 
 
 @pytest.mark.gpu

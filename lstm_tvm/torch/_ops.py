@@ -12,6 +12,7 @@ from .. import raw_ops
 from ..api import compile as _compile
 from ..registry import KERNEL_OPS, OpSpec, eval_dim, get_op
 from ..validation import validate_attrs, validate_inputs
+from ._openmp import release_idle_workers
 
 __all__ = ["NAMESPACE", "INT_OVERLOAD", "define", "overloads", "qualname", "schema"]
 
@@ -74,7 +75,8 @@ def define(lib: torch.library.Library) -> None:
 
 def _cpu_kernel(op: OpSpec):
     """``op`` on the CPU: the tensors go to :mod:`lstm_tvm.raw_ops` as NumPy views (no copy
-    where contiguous), its outputs come back as tensors over its buffers (no copy)."""
+    where contiguous), its outputs come back as tensors over its buffers (no copy). PyTorch's
+    idle OpenMP workers are released first (:mod:`lstm_tvm.torch._openmp`)."""
     names = op.input_names
     # a TF op through its raw_ops function (which recognises a repeated configuration
     # cheaply), a helper through raw_ops.run
@@ -82,6 +84,7 @@ def _cpu_kernel(op: OpSpec):
 
     def kernel(*args, **attrs):
         inputs = {n: _host(op, n, v) for n, v in zip(names, args)}
+        release_idle_workers()
         result = call(**inputs, **attrs) if op.tf_op else call(inputs, attrs)
         return tuple(torch.from_numpy(a) for a in result)
 
