@@ -21,7 +21,7 @@ from tvm.script import tirx as T
 from tvm.script.ir_builder import IRBuilder
 from tvm.script.ir_builder import tirx as TB
 
-from .env import usable_cores
+from .env import POOL_SPIN_COUNT, usable_cores
 
 __all__ = ["tvm", "tirx", "T", "TB", "IRBuilder", "Schedule", "SBlock", "SBlockRealize",
            "resolve_target", "target_key", "host_cpu", "device_for", "configure_threads",
@@ -196,10 +196,12 @@ def configure_threads() -> int:
     leaves the calling thread free, so the OS may run the caller on a worker's core: the two
     then take turns on it, and a sequence kernel, whose threads meet at a barrier every step,
     runs 2.5-2.8x slower until the OS moves the caller (docs/performance.md). So
-    ``TVM_BIND_THREADS`` is set to 0 unless set already. TVM reads both when its thread pool
-    starts, so this runs before lstm_tvm launches any kernel.
+    ``TVM_BIND_THREADS`` is set to 0 unless set already, and ``TVM_THREAD_POOL_SPIN_COUNT`` to
+    :data:`lstm_tvm.env.POOL_SPIN_COUNT`. TVM reads them when its thread pool starts, so this
+    runs before lstm_tvm launches any kernel.
     """
     os.environ.setdefault("TVM_BIND_THREADS", "0")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(POOL_SPIN_COUNT))
     for var in ("TVM_NUM_THREADS", "OMP_NUM_THREADS"):
         if os.environ.get(var):
             return int(os.environ[var])

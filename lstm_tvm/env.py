@@ -25,6 +25,14 @@ PACKAGED_SCHEDULES = PACKAGE_DIR / "_schedules"
 
 _APP = "lstm_tvm"
 
+#: How many times a worker of TVM's CPU thread pool yields, waiting for more work after a
+#: parallel loop, before it sleeps (``TVM_THREAD_POOL_SPIN_COUNT``; lstm_tvm's default where it
+#: is unset). Enough to bridge the gaps between a kernel's parallel loops and between calls in a
+#: loop; TVM's own 300000 kept a core busy long after a kernel, in the way of the threads of
+#: PyTorch, TensorFlow or ONNX Runtime that ran next (docs/performance.md, "TVM's spinning
+#: workers").
+POOL_SPIN_COUNT = 1000
+
 
 def cache_dir() -> Path:
     """The root of the on-disk cache of compiled modules (not created here)."""

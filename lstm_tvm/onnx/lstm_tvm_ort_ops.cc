@@ -58,6 +58,9 @@
 #ifndef LSTM_TVM_ORT_DOMAIN
 #error "define LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN), e.g. -DLSTM_TVM_ORT_DOMAIN='\"org.lstm_tvm\"'"
 #endif
+#ifndef LSTM_TVM_POOL_SPIN_COUNT
+#error "define LSTM_TVM_POOL_SPIN_COUNT (lstm_tvm.env.POOL_SPIN_COUNT), e.g. -DLSTM_TVM_POOL_SPIN_COUNT='\"1000\"'"
+#endif
 
 namespace ffi = tvm::ffi;
 using JsonObject = ffi::Map<ffi::Any, ffi::Any>;
@@ -814,9 +817,10 @@ void Register(OrtSessionOptions* options) {
 
 // TVM's CPU thread pool reads these when it starts (at the first kernel), as lstm_tvm's Python
 // side sets them (lstm_tvm._tvm.configure_threads): one worker per core this process may use
-// (TVM's own default is half the cores on x86) and no worker pinned to a core (TVM pins its
+// (TVM's own default is half the cores on x86), no worker pinned to a core (TVM pins its
 // workers but not the calling thread, which may then share a worker's core: a sequence kernel
-// runs 2.5x slower). Only variables the user left unset are set.
+// runs 2.5x slower) and workers that sleep soon after a kernel (LSTM_TVM_POOL_SPIN_COUNT, see
+// lstm_tvm.env.POOL_SPIN_COUNT). Only variables the user left unset are set.
 void ConfigureTvmThreads() {
   if (std::getenv("TVM_NUM_THREADS") == nullptr && std::getenv("OMP_NUM_THREADS") == nullptr) {
     cpu_set_t cores;
@@ -825,6 +829,7 @@ void ConfigureTvmThreads() {
     }
   }
   setenv("TVM_BIND_THREADS", "0", 0);
+  setenv("TVM_THREAD_POOL_SPIN_COUNT", LSTM_TVM_POOL_SPIN_COUNT, 0);
 }
 
 }  // namespace

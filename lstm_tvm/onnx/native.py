@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import env
+from ..env import POOL_SPIN_COUNT
 from .._files import atomic_path
 from .._progress import notice
 from ..toolchain import cxx_build_command
@@ -153,12 +154,14 @@ def build_command(output, *, source=SOURCE, include_dir=None,
     """The ``g++`` command that builds the custom-op library ``source`` into ``output``.
 
     ``include_dir`` defaults to :func:`ort_include_dir`; the rest is
-    :func:`lstm_tvm.toolchain.cxx_build_command` plus ``-shared -fPIC`` and the domain define.
+    :func:`lstm_tvm.toolchain.cxx_build_command` plus ``-shared -fPIC``, the domain and the
+    pool's spin count (:data:`lstm_tvm.env.POOL_SPIN_COUNT`) defines.
     """
     include = Path(include_dir) if include_dir is not None else ort_include_dir()
     cmd = cxx_build_command(source, output, compiler)
     return [cmd[0], "-shared", "-fPIC", "-fvisibility=hidden", f"-I{include}",
-            f'-DLSTM_TVM_ORT_DOMAIN="{DOMAIN}"', *cmd[1:]]
+            f'-DLSTM_TVM_ORT_DOMAIN="{DOMAIN}"', f'-DLSTM_TVM_POOL_SPIN_COUNT="{POOL_SPIN_COUNT}"',
+            *cmd[1:]]
 
 
 def build_library(output=None, *, source=SOURCE) -> Path:
