@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from click.testing import CliRunner
 
-from lstm_tvm import _tvm
+from lstm_tvm import targets
 from lstm_tvm.bench import harness
 from lstm_tvm.bench import limits as bench_limits
 from lstm_tvm.bench import report as bench_report
@@ -71,11 +71,11 @@ def test_every_case_and_impl(tmp_path):
     assert meta["threads"] >= 1 and meta["repeat"] == 1 and meta["machine"]["cores"] >= 1
     assert f"threads {meta['threads']}, repeat 1" in output and meta["machine"]["cpu"] in output
     # the CPU as the records and the schedules see it, whatever name a VM reports
-    target = _tvm.resolve_target("llvm")
+    target = targets.resolve_target("llvm")
     assert meta["machine"]["records_key"] == database.records_key(target)
-    assert meta["machine"]["mcpu"] == _tvm.host_cpu()
+    assert meta["machine"]["mcpu"] == targets.host_cpu()
     assert f"records key {database.records_key(target)}" in output
-    assert f"LLVM mcpu {_tvm.host_cpu()}" in output
+    assert f"LLVM mcpu {targets.host_cpu()}" in output
     # what the performance page shows of a machine, and the command that repeats the run
     assert meta["versions"]["apache-tvm"] == importlib.metadata.version("apache-tvm")
     assert "onnxruntime" in meta["versions"] and meta["python"] == platform.python_version()

@@ -9,7 +9,7 @@ import json
 
 import click
 
-from .._tvm import resolve_target
+from ..targets import resolve_target
 
 __all__ = ["format_table", "parse_shapes", "split_choices", "target_option"]
 

@@ -144,7 +144,7 @@ def run(shapes, dtypes, warmup: int, repeat: int, target="cuda", log=print,
     row also gets ``kernels``, see :func:`kernel_times`."""
     import torch
 
-    from .._tvm import resolve_target
+    from ..targets import resolve_target
 
     cuda = str(resolve_target(target).kind.name) == "cuda"
     peer_sync = torch.cuda.synchronize if cuda else (lambda: None)

@@ -100,7 +100,7 @@ def machine() -> dict:
     """The CPU: its model name, vendor, family and model (from /proc/cpuinfo; a VM may report
     only a generic name), LLVM's name for it (``mcpu``), its widest vector extension, the key
     its tuning records go under, and the number of usable cores."""
-    from .._tvm import host_cpu, resolve_target
+    from ..targets import host_cpu, resolve_target
     from ..schedule.traits import cpu_traits
     from ..tuning.database import records_key
 

@@ -22,7 +22,7 @@ import numpy as np
 from .. import build as _build
 from .. import env, reference, testing
 from ..bench.cli_common import format_table, split_choices, target_option
-from .._tvm import missing_device_error, resolve_target
+from ..targets import missing_device_error, resolve_target
 from ..api import compile as _compile
 from ..bench.harness import describe_machine, machine
 from ..registry import DTYPES, OPS
