@@ -87,7 +87,7 @@ def shipped_records_are_package_data(repo: Path) -> str:
 @check
 def shipped_records_are_used_for_their_key(repo: Path) -> str:
     from lstm_tvm import build, env
-    from lstm_tvm._tvm import resolve_target
+    from lstm_tvm.targets import resolve_target
     from lstm_tvm.tuning import database
 
     seen = []

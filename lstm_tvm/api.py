@@ -11,7 +11,8 @@ import numpy as np
 from . import build as _build
 from ._args import AliasGuard, LastCall, bind_inputs, kernel_error, out_list
 from ._launch import launcher_for
-from ._tvm import configure_threads, device_exists, device_for, missing_device_error, tvm
+from ._tvm import configure_threads, device_exists, device_for, tvm
+from .targets import missing_device_error
 from .cross_compile import is_cross
 from .kernels import WEIGHT_PACKS
 from .registry import DTYPES, KERNEL_OPS, get_op

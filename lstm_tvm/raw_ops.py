@@ -33,7 +33,8 @@ from . import build as _build
 from ._args import kernel_error
 from ._host_arrays import OutputLayout, borrow_staging, give_back_staging
 from ._launch import launch
-from ._tvm import device_exists, missing_device_error, tvm
+from ._tvm import device_exists, tvm
+from .targets import missing_device_error
 from .api import CompiledOp
 from .api import compile as _compile
 from .api import output_tuple

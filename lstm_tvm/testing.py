@@ -235,7 +235,8 @@ def commit_sampled_records(db, target, tasks, seed: int) -> None:
     """Commit to MetaSchedule database ``db`` one real record per tuning task of ``tasks`` for
     ``target``: a schedule sampled from the task's design space, built for this host and timed
     once here (so that records filed under any CPU's key can be made on any CPU)."""
-    from ._tvm import Schedule, resolve_target, tvm
+    from ._tvm import Schedule, tvm
+    from .targets import resolve_target
     from .tuning import space
     from .tuning import tasks as task_mod
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check in one command, on a CUDA machine with lstm_tvm importable, run from the
 # repository root: the `gpu` tests (every op and CellGradMatmul against the float64 reference
-# on the GPU), then the timing table against PyTorch's cuDNN LSTM (python -m lstm_tvm.bench_cuda).
+# on the GPU), then the timing table against PyTorch's cuDNN LSTM (python -m lstm_tvm.bench.cuda).
 #   scripts/gpu_check.sh [OUT_DIR]      (default: gpu-check/; logs and bench.json go there)
 # GPU_CHECK_WORKERS: pytest-xdist workers (default 8); BENCH_ARGS: extra bench options;
 # TESTS_TIMEOUT, BENCH_TIMEOUT: seconds each stage may run (default 1800).
@@ -22,7 +22,7 @@ timeout "${TESTS_TIMEOUT:-1800}" "$python" -m pytest -m gpu -p no:cacheprovider 
   | tee "$out/pytest.txt"
 tests=$?
 # shellcheck disable=SC2086
-timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench_cuda --json "$out/bench.json" \
+timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench.cuda --json "$out/bench.json" \
   ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
 bench=$?
 echo "gpu tests exit $tests, bench exit $bench"

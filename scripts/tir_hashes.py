@@ -23,7 +23,7 @@ import time
 import tvm_ffi
 
 from lstm_tvm import build, registry, testing, validation
-from lstm_tvm._tvm import resolve_target
+from lstm_tvm.targets import resolve_target
 
 #: Targets by a short name: the host as ``"llvm"`` resolves, AVX-512, AVX2, NEON, CUDA.
 TARGETS = {

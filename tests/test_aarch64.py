@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 import lstm_tvm.export as lte
 from lstm_tvm import cross_compile, env, reference, testing
-from lstm_tvm._tvm import host_arch, resolve_target
+from lstm_tvm._tvm import host_arch
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.cli import main
 from lstm_tvm.kernels import WEIGHT_PACKS
 from lstm_tvm.registry import OPS

@@ -11,12 +11,17 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from click.testing import CliRunner
 
-from lstm_tvm import _tvm, bench, bench_limits, bench_peers, bench_report, bench_train
+from lstm_tvm import targets
+from lstm_tvm.bench import harness
+from lstm_tvm.bench import limits as bench_limits
+from lstm_tvm.bench import report as bench_report
+from lstm_tvm.bench import train as bench_train
+from lstm_tvm.bench import worker as bench_worker
 from lstm_tvm.tuning import database
 from lstm_tvm.cli import main
 
 TINY = ["--shapes", "4x2x8x8", "--repeat", "1", "--warmup", "0"]
-#: bench.plan's options for a tiny lstm_tvm-only run.
+#: harness.plan's options for a tiny lstm_tvm-only run.
 _OPTS = {"shapes": [(4, 2, 8, 8)], "cases": ["cell_fwd"], "only": ["lstm_tvm"], "dtype": "float32",
          "threads": 2, "warmup": 0, "repeat": 1, "v2": False, "seed": 0, "isolate": "case"}
 
@@ -37,14 +42,14 @@ def _invoke(tmp_path, *args):
 def test_every_case_and_impl(tmp_path):
     output, data = _invoke(tmp_path, "--isolate", "impl")
     rows = {(r["case"], r["impl"]): r for r in data["results"]}
-    assert set(rows) == {(c, i) for c in bench_peers.CASES for i in bench_peers.IMPLS}
+    assert set(rows) == {(c, i) for c in bench_worker.CASES for i in bench_worker.IMPLS}
     for (case, impl), r in rows.items():
         assert r["shape"] == [4, 2, 8, 8]
-        assert bench_peers.CASES[case] in output
-        if (impl, case) in bench_peers.NOT_APPLICABLE:
+        assert bench_worker.CASES[case] in output
+        if (impl, case) in bench_worker.NOT_APPLICABLE:
             assert r["status"] == "n/a"
             continue
-        if not bench_peers.is_installed(impl):  # e.g. torch is not in the [test] extra
+        if not bench_worker.is_installed(impl):  # e.g. torch is not in the [test] extra
             assert r["status"] == "not installed"
             continue
         assert r["status"] == "ok", r
@@ -54,23 +59,23 @@ def test_every_case_and_impl(tmp_path):
             assert r["gflops"] > 0
         if case.startswith("cell") and impl != "numpy":
             assert r["gbs"] > 0
-    for case in bench_peers.CASES:
+    for case in bench_worker.CASES:
         mine = rows[case, "lstm_tvm"]
         assert mine["compile_s"] > 0 and mine["vs_roofline"] > 0
         assert (mine["vs_TF"] or 0) > 0 or rows[case, "tf"]["status"] != "ok"
         assert rows[case, "raw_ops"]["over_kernel"] > 0
-        assert f"raw_ops / CompiledOp {bench_peers.CASES[case]} 4x2x8x8" in output
-    if bench_peers.is_installed("ort"):
+        assert f"raw_ops / CompiledOp {bench_worker.CASES[case]} 4x2x8x8" in output
+    if bench_worker.is_installed("ort"):
         assert rows["seq_fwd", "lstm_tvm"]["vs_ORT"] > 0
     meta = data["meta"]
     assert meta["threads"] >= 1 and meta["repeat"] == 1 and meta["machine"]["cores"] >= 1
     assert f"threads {meta['threads']}, repeat 1" in output and meta["machine"]["cpu"] in output
     # the CPU as the records and the schedules see it, whatever name a VM reports
-    target = _tvm.resolve_target("llvm")
+    target = targets.resolve_target("llvm")
     assert meta["machine"]["records_key"] == database.records_key(target)
-    assert meta["machine"]["mcpu"] == _tvm.host_cpu()
+    assert meta["machine"]["mcpu"] == targets.host_cpu()
     assert f"records key {database.records_key(target)}" in output
-    assert f"LLVM mcpu {_tvm.host_cpu()}" in output
+    assert f"LLVM mcpu {targets.host_cpu()}" in output
     # what the performance page shows of a machine, and the command that repeats the run
     assert meta["versions"]["apache-tvm"] == importlib.metadata.version("apache-tvm")
     assert "onnxruntime" in meta["versions"] and meta["python"] == platform.python_version()
@@ -103,8 +108,8 @@ def test_default_output_fits_100_columns_and_wide_has_every_column(tmp_path):
 
 
 def test_missing_peers_are_reported(tmp_path, monkeypatch):
-    real = bench_peers.is_installed
-    monkeypatch.setattr(bench_peers, "is_installed", lambda impl: impl == "numpy" and real(impl))
+    real = bench_worker.is_installed
+    monkeypatch.setattr(bench_worker, "is_installed", lambda impl: impl == "numpy" and real(impl))
     output, data = _invoke(tmp_path, "--only", "tf,torch,numpy", "--cases", "seq_bwd,cell_bwd")
     rows = {(r["case"], r["impl"]): r for r in data["results"]}
     assert rows["seq_bwd", "tf"]["status"] == "not installed"
@@ -119,25 +124,25 @@ def test_missing_peers_are_reported(tmp_path, monkeypatch):
 
 
 def test_only_lstm_tvm_failure_sets_status(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench_peers, "is_installed", lambda impl: False)
+    monkeypatch.setattr(bench_worker, "is_installed", lambda impl: False)
     result = CliRunner().invoke(main, ["bench", *TINY, "--only", "lstm_tvm", "--cases",
                                        "cell_fwd"])
     assert result.exit_code == 1 and "not installed" in result.output
 
 
 def test_parse_shapes_and_flops():
-    assert bench.parse_shapes("4x2x8x8, 64X32x256x256") == [(4, 2, 8, 8), (64, 32, 256, 256)]
+    assert harness.parse_shapes("4x2x8x8, 64X32x256x256") == [(4, 2, 8, 8), (64, 32, 256, 256)]
     for bad in ("4x2x8", "4x2x8x0", "axbxcxd", ""):
         with pytest.raises(ValueError):
-            bench.parse_shapes(bad)
+            harness.parse_shapes(bad)
     T, B, I, H = 64, 32, 256, 256
-    assert bench.case_flops("seq_bwd", T, B, I, H) == 16 * T * B * H * (I + H)
-    assert bench.case_flops("seq_fwd", T, B, I, H) == 8 * T * B * H * (I + H)
-    assert bench.case_flops("cell_bwd_full", T, B, I, H) == 16 * B * H * (I + H)
-    assert bench.case_flops("cell_bwd", T, B, I, H) is None
+    assert harness.case_flops("seq_bwd", T, B, I, H) == 16 * T * B * H * (I + H)
+    assert harness.case_flops("seq_fwd", T, B, I, H) == 8 * T * B * H * (I + H)
+    assert harness.case_flops("cell_bwd_full", T, B, I, H) == 16 * B * H * (I + H)
+    assert harness.case_flops("cell_bwd", T, B, I, H) is None
     # LSTMBlockCell: x (B, I), 2 states + 7 outputs (B, H), w (I+H, 4H), 3 peepholes, b (4H).
     want = B * I + 9 * B * H + (I + H) * 4 * H + 3 * H + 4 * H
-    assert bench.case_bytes("cell_fwd", "float16", T, B, I, H) == 2 * want
+    assert harness.case_bytes("cell_fwd", "float16", T, B, I, H) == 2 * want
 
 
 def test_bad_options():
@@ -161,7 +166,7 @@ def test_the_onnx_runtime_peer_computes_the_same_lstm():
     inputs = testing.make_inputs(op.name, B=3, I=5, H=8, T=4, seed=1,
                                  attrs={"use_peephole": False})
     item = {"layout": op.gate_layout, "forget_bias": 0.0, "case": "seq_fwd"}
-    runner = bench_peers.make_ort(item, inputs, "float32", {"threads": 1})
+    runner = bench_worker.make_ort(item, inputs, "float32", {"threads": 1})
     y = runner.call()[0][:, 0]  # (T, num_directions, B, H)
     want = reference.run(op.name, inputs, {"use_peephole": False})["h"]
     testing.assert_close(y, want, "float32", "ORT LSTM Y vs BlockLSTMV2 h")
@@ -174,29 +179,27 @@ def test_latency_preset_runs_the_deployment_shapes(tmp_path, monkeypatch):
     monkeypatch.setattr("lstm_tvm.cli.bench.render", lambda report, wide: "")
     result = CliRunner().invoke(main, ["bench", "--latency", "--only", "numpy"])
     assert result.exit_code == 0, result.output
-    assert captured["shapes"] == list(bench.LATENCY_SHAPES)
+    assert captured["shapes"] == list(harness.LATENCY_SHAPES)
     assert (100, 1, 256, 256) in captured["shapes"] and (1, 1, 16, 16) in captured["shapes"]
 
 
 def test_isa_avx2_builds_lstm_tvm_for_avx2_and_caps_pytorch(tmp_path):
-    from lstm_tvm import bench as bench_mod
-
     output, data = _invoke(tmp_path, "--isa", "avx2", "--only", "lstm_tvm,raw_ops",
                            "--cases", "cell_fwd")
     assert data["meta"]["isa"] == "avx2" and "isa avx2" in output
     assert all(r["status"] == "ok" for r in data["results"])
-    env = bench_mod.worker_env(2, "avx2")
+    env = harness.worker_env(2, "avx2")
     assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["ATEN_CPU_CAPABILITY"] == "avx2"
-    jobs, _ = bench_mod.plan({**_OPTS, "isa": "avx2"}, tmp_path)
+    jobs, _ = harness.plan({**_OPTS, "isa": "avx2"}, tmp_path)
     assert all(job["target"]["mcpu"] == "x86-64-v3" for job in jobs)
 
 
 def test_cuda_bench_runs_its_comparison_on_the_cpu():
-    """``python -m lstm_tvm.bench_cuda`` (lstm_tvm's CUDA build against cuDNN) on the CPU:
+    """``python -m lstm_tvm.bench.cuda`` (lstm_tvm's CUDA build against cuDNN) on the CPU:
     the same weights give PyTorch's ``h`` and ``x_grad`` (float32, values of order 1: a few
     ulp apart after 3 steps)."""
     pytest.importorskip("torch")
-    from lstm_tvm import bench_cuda
+    from lstm_tvm.bench import cuda as bench_cuda
 
     rows = bench_cuda.run([(3, 2, 8, 16)], ["float32"], warmup=0, repeat=2, target="llvm",
                           log=lambda line: None)

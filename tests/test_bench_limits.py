@@ -1,4 +1,4 @@
-"""This machine's limits as ``lstm-tvm bench`` measures them (lstm_tvm.bench_limits): the
+"""This machine's limits as ``lstm-tvm bench`` measures them (lstm_tvm.bench.limits): the
 program builds and its output parses, the floor is the hand-computed one, and the bench's
 report carries the limits and each row's distance from them.
 
@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lstm_tvm import bench, bench_limits, bench_report, env
+from lstm_tvm import env
+from lstm_tvm.bench import harness
+from lstm_tvm.bench import limits as bench_limits
+from lstm_tvm.bench import report as bench_report
 from lstm_tvm.cli import main
 
 SHORT = 0.02  # seconds a measurement lasts here
@@ -122,8 +125,8 @@ def test_the_floor_is_the_hand_computed_one():
     assert bench_limits.floor_s("seq_fwd", 3, 2, 128, 256, 1.0, 1e-6) == pytest.approx(
         3 * 1048.576e-6 + 8 * 3 * 2 * 256 * 128 / 1e9, rel=1e-12)
     # The recurrent and the other FLOPs are all of the case's (the bench's count).
-    assert 100 * 524_288 + 52_428_800 == bench.case_flops("seq_fwd", 100, 1, 256, 256)
-    assert 100 * 524_288 + 157_286_400 == bench.case_flops("seq_bwd", 100, 1, 256, 256)
+    assert 100 * 524_288 + 52_428_800 == harness.case_flops("seq_fwd", 100, 1, 256, 256)
+    assert 100 * 524_288 + 157_286_400 == harness.case_flops("seq_bwd", 100, 1, 256, 256)
 
 
 def test_each_row_is_set_against_its_limit():
@@ -175,7 +178,7 @@ def test_bench_report_has_the_limits(tmp_path, monkeypatch):
         assert r["status"] == "ok", r
         T, B, I, H = r["shape"]
         assert r["peak_fraction"] == pytest.approx(
-            bench.case_flops(r["case"], T, B, I, H) / (r["median_ms"] * 1e6)
+            harness.case_flops(r["case"], T, B, I, H) / (r["median_ms"] * 1e6)
             / limits["fma_peak_gflops"], rel=1e-9)
         cells = next(line.split() for line in lines
                      if line.startswith(f"{T}x{B}x{I}x{H} ") and " ".join(line.split()[1:3])

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from lstm_tvm import build as _build
 from lstm_tvm import testing
-from lstm_tvm._tvm import resolve_target
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.cli import main, op_table_markdown
 from lstm_tvm.registry import OPS
 
@@ -179,7 +179,7 @@ if __name__ == "__main__":
 def test_build_says_which_machine_and_tuning_records_it_uses(tmp_path, monkeypatch):
     """The summary names the CPU as the schedules and the records see it (LLVM's ``mcpu``, the
     records key), whatever model name the machine reports, and the records it uses."""
-    from lstm_tvm._tvm import host_cpu
+    from lstm_tvm.targets import host_cpu
     from lstm_tvm.tuning import database
 
     monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(tmp_path / "user"))

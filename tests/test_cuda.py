@@ -20,8 +20,8 @@ from tvm import tirx
 
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing, validation
-from lstm_tvm._tvm import (DEFAULT_CUDA_ARCH, SBlock, cuda_arch, nvcc_compile, resolve_target,
-                           target_name)
+from lstm_tvm._tvm import SBlock, nvcc_compile
+from lstm_tvm.targets import DEFAULT_CUDA_ARCH, cuda_arch, resolve_target, target_name
 from lstm_tvm.kernels import BUILDERS
 from lstm_tvm.kernels import KernelVariant
 from lstm_tvm.kernels.contract import STEP_BLOCK

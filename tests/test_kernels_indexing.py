@@ -21,7 +21,8 @@ import pytest
 import tvm_ffi
 
 from lstm_tvm import build, registry
-from lstm_tvm._tvm import T, resolve_target, tirx, tvm
+from lstm_tvm._tvm import T, tirx, tvm
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.validation import validate_attrs
 
 ROOTS = ("T", "B", "seq_len_max")

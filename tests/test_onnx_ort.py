@@ -19,7 +19,7 @@ from lstm_tvm.registry import OPS
 
 ort = pytest.importorskip("onnxruntime", reason="the PyOp route needs onnxruntime")
 pytest.importorskip("onnxruntime_extensions", reason="the PyOp route needs onnxruntime-extensions")
-from lstm_tvm import bench_ort  # noqa: E402
+from lstm_tvm.bench import ort_routes  # noqa: E402
 from lstm_tvm.onnx import ort as lort  # noqa: E402
 
 T, B, I, H = 4, 3, 5, 6
@@ -234,7 +234,7 @@ def test_initializers_are_checked():
 
 
 def test_compare_routes_smoke(capsys):
-    result = bench_ort.compare_routes("LSTMBlockCellGrad", T=1, B=2, I=3, H=4, repeat=1)
+    result = ort_routes.compare_routes("LSTMBlockCellGrad", T=1, B=2, I=3, H=4, repeat=1)
     native = {"ort_native", "ort_native_w_init"}
     assert set(result) - native == {"tvm", "raw_ops", "ort_pyop", "ort_function"}
     assert not set(result) & native or set(result) >= native

@@ -13,7 +13,7 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import reference, registry, testing
-from lstm_tvm._tvm import resolve_target
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.kernels.block_lstm_grad import W_GRAD_TRANSPOSED_FROM, w_grad_chunk
 from lstm_tvm.schedule.traits import kernel_variant
 

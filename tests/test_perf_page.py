@@ -1,5 +1,5 @@
 """The performance page's results, made from the committed benchmark reports
-(``docs/performance/<records key>.json``) by lstm_tvm.bench_report: every machine is shown,
+(``docs/performance/<records key>.json``) by lstm_tvm.bench.report: every machine is shown,
 every ratio is the one its report's medians give, every plot is written."""
 
 import importlib.util
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import tvm.testing
 
-from lstm_tvm import bench_peers, bench_report
-from lstm_tvm.bench import PEER_NAMES
+from lstm_tvm.bench import report as bench_report
+from lstm_tvm.bench import worker as bench_worker
+from lstm_tvm.bench.harness import PEER_NAMES
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 REPORTS = sorted((DOCS / "performance").glob("*.json"))
@@ -71,7 +72,7 @@ def test_page_shows_every_machine_and_the_ratios_of_its_medians(page):
         checked = 0
         for shape in map(tuple, meta["shapes"]):
             for case in meta["cases"]:
-                row = table["x".join(map(str, shape)), bench_peers.CASES[case]]
+                row = table["x".join(map(str, shape)), bench_worker.CASES[case]]
                 ours = ms.get((shape, case, "lstm_tvm"))
                 assert row["lstm_tvm ms"] == ("-" if ours is None else f"{ours:.3f}")
                 for peer in bench_report.PEERS:
@@ -87,7 +88,7 @@ def test_page_shows_every_machine_and_the_ratios_of_its_medians(page):
 
 
 def test_page_ratios_agree_with_the_reports_own(page):
-    """bench.aggregate wrote lstm_tvm's ``vs_*`` fields when the report was made: the page
+    """bench.harness.aggregate wrote lstm_tvm's ``vs_*`` fields when the report was made: the page
     says the same."""
     reports, markdown, _ = page
     for key, report in reports.items():
@@ -95,7 +96,7 @@ def test_page_ratios_agree_with_the_reports_own(page):
         for r in report["results"]:
             if r["impl"] != "lstm_tvm" or r["status"] != "ok":
                 continue
-            row = table["x".join(map(str, r["shape"])), bench_peers.CASES[r["case"]]]
+            row = table["x".join(map(str, r["shape"])), bench_worker.CASES[r["case"]]]
             for peer in bench_report.PEERS:
                 stored = r[f"vs_{PEER_NAMES[peer]}"]
                 cell = row[f"vs {PEER_NAMES[peer]}"]

@@ -17,7 +17,8 @@ import tvm_ffi
 from click.testing import CliRunner
 
 from lstm_tvm import build, cli, env, testing
-from lstm_tvm._tvm import Schedule, resolve_target, tvm
+from lstm_tvm._tvm import Schedule, tvm
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.tuning import collect_tasks, database
 from lstm_tvm.registry import get_op
 from lstm_tvm.tuning import tasks as task_mod

@@ -900,7 +900,8 @@ def _modules(module):
 def test_builds_for_cuda_without_a_gpu():
     """The imported module compiles for CUDA: lstm_tvm's kernels as scheduled for CUDA, the
     sequence-length helpers scheduled by TVM's default GPU pipeline; nvcc compiles the source."""
-    from lstm_tvm._tvm import nvcc_compile, resolve_target
+    from lstm_tvm._tvm import nvcc_compile
+    from lstm_tvm.targets import resolve_target
 
     target = resolve_target({"kind": "cuda", "arch": "sm_80"})
     model, _ = lstm_model(direction="bidirectional", lengths=True, peephole=True)

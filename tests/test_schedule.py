@@ -8,7 +8,8 @@ import pytest
 import tvm_ffi
 
 from lstm_tvm import build, registry, testing, validation
-from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
+from lstm_tvm._tvm import SBlock, Schedule, tirx
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.kernels import BUILDERS, KernelVariant
 from lstm_tvm.kernels.contract import STEP_BLOCK, TIME_STEP
 from lstm_tvm.schedule import schedule_for

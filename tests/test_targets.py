@@ -5,7 +5,8 @@ import json
 import pytest
 
 from lstm_tvm import build, registry, targets, validation
-from lstm_tvm._tvm import resolve_target, tvm
+from lstm_tvm._tvm import tvm
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.schedule.traits import cpu_traits, kernel_variant
 from lstm_tvm.tuning import database
 

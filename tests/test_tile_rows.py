@@ -9,7 +9,8 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
-from lstm_tvm._tvm import resolve_target, tvm
+from lstm_tvm._tvm import tvm
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.kernels.contract import ROW_TILE
 from lstm_tvm.schedule.traits import cpu_traits
 from lstm_tvm.validation import validate_attrs

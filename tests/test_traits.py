@@ -8,7 +8,8 @@ import pytest
 
 import lstm_tvm
 from lstm_tvm import build, reference, testing
-from lstm_tvm._tvm import resolve_target, tvm
+from lstm_tvm._tvm import tvm
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.registry import get_op
 from lstm_tvm.schedule.cpu import gemm
 from lstm_tvm.schedule.traits import cpu_traits
@@ -44,7 +45,7 @@ def test_traits_come_from_llvms_tables_and_size_the_register_tile(target, bits, 
 
 def test_the_host_target_is_described_by_its_own_cpu():
     host = cpu_traits(resolve_target("llvm"))
-    named = cpu_traits(resolve_target({"kind": "llvm", "mcpu": lstm_tvm._tvm.host_cpu()}))
+    named = cpu_traits(resolve_target({"kind": "llvm", "mcpu": lstm_tvm.targets.host_cpu()}))
     assert host == named
 
 

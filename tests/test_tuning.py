@@ -20,7 +20,8 @@ from tvm.sym import Analyzer
 
 import lstm_tvm
 from lstm_tvm import build, cli, env, reference, registry, testing, validation
-from lstm_tvm._tvm import SBlock, Schedule, resolve_target, tirx
+from lstm_tvm._tvm import SBlock, Schedule, tirx
+from lstm_tvm.targets import resolve_target
 from lstm_tvm.kernels import KernelVariant
 from lstm_tvm.kernels.contract import SHORT_ROWS
 from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from lstm_tvm._tvm import host_cpu
+from lstm_tvm.targets import host_cpu
 from lstm_tvm.tuning import database, remote
 
 pytest.importorskip("tornado", reason="TVM's RPC tracker needs tornado")
@@ -108,7 +108,7 @@ def _tune(args, timeout=600):
 
 
 def _records(root):
-    from lstm_tvm._tvm import resolve_target
+    from lstm_tvm.targets import resolve_target
 
     folder = database.database_dir(resolve_target(TARGET), root)
     db = database.open_database(folder)
@@ -224,7 +224,7 @@ def test_a_target_of_another_architecture_is_not_measured_here(tmp_path, monkeyp
     monkeypatch.setenv("LSTM_TVM_SCHEDULES_DIR", str(tmp_path / "schedules"))
     from lstm_tvm.tuning import tune
 
-    from lstm_tvm._tvm import resolve_target
+    from lstm_tvm.targets import resolve_target
     from lstm_tvm.schedule.traits import cpu_traits
 
     host = cpu_traits(resolve_target("llvm")).arch

@@ -1,7 +1,7 @@
 """Sphinx extension: the results part of the performance page, made when the site builds.
 
 The benchmark reports committed as ``docs/performance/<records key>.json``
-(``lstm-tvm bench --json``, one per machine) become, through :mod:`lstm_tvm.bench_report`,
+(``lstm-tvm bench --json``, one per machine) become, through :mod:`lstm_tvm.bench.report`,
 one section per machine (its line, a table, a plot) that replaces :data:`MARKER` in
 ``performance.md``. The plots are written to ``docs/_generated/performance/`` (ignored by git)
 on every build; a changed report or generator makes the page be read again.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sphinx.errors import ExtensionError
 
-from lstm_tvm import bench_report
+from lstm_tvm.bench import report as bench_report
 
 PAGE = "performance"
 #: The reports, under the source folder.

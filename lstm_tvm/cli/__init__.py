@@ -2,7 +2,7 @@
 
 ``build`` (compile, verify, time), ``ops``, ``export``, ``cache``, ``bench``, ``tune``,
 ``schedules`` and ``convert``. Each command module imports the library and
-:mod:`lstm_tvm._cli_common`, never another command module.
+:mod:`lstm_tvm.bench.cli_common`, never another command module.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from .._cli_common import format_table
+from ..bench.cli_common import format_table
 from . import bench, build, cache, convert, export, ops, schedules, tune
 from .ops import op_table_markdown
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
-from .. import bench_peers as peers
-from .. import bench_train
-from .._cli_common import parse_shapes, split_choices
-from ..bench import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, run
-from ..bench_train import DEFAULT_SHAPES as TRAINING_SHAPES
-from ..bench_report import WIDTH, render
+from ..bench import train as bench_train
+from ..bench import worker as peers
+from ..bench.cli_common import parse_shapes, split_choices
+from ..bench.harness import DEFAULT_SHAPES, ISAS, LATENCY_SHAPES, run
+from ..bench.report import WIDTH, render
+from ..bench.train import DEFAULT_SHAPES as TRAINING_SHAPES
 from ..env import usable_cores
 from ..registry import DTYPES
 

@@ -21,10 +21,10 @@ import numpy as np
 
 from .. import build as _build
 from .. import env, reference, testing
-from .._cli_common import format_table, split_choices, target_option
-from .._tvm import missing_device_error, resolve_target
+from ..bench.cli_common import format_table, split_choices, target_option
+from ..targets import missing_device_error, resolve_target
 from ..api import compile as _compile
-from ..bench import describe_machine, machine
+from ..bench.harness import describe_machine, machine
 from ..registry import DTYPES, OPS
 from ..tuning.database import describe_use, uses_table
 

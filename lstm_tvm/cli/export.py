@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from .._cli_common import split_choices, target_option
+from ..bench.cli_common import split_choices, target_option
 from ..registry import DTYPES, OPS
 
 __all__ = ["command"]

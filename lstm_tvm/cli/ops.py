@@ -6,7 +6,7 @@ import textwrap
 
 import click
 
-from .._cli_common import format_table
+from ..bench.cli_common import format_table
 from ..registry import OPS
 
 __all__ = ["command", "op_table_markdown"]

@@ -6,7 +6,7 @@ import click
 
 from .. import build as _build
 from .. import env
-from .._cli_common import format_table, split_choices, target_option
+from ..bench.cli_common import format_table, split_choices, target_option
 from ..bench import DEFAULT_SHAPES
 from ..registry import DTYPES, KERNEL_OPS, get_op
 from ..targets import resolve

@@ -6,7 +6,7 @@ import time
 
 import click
 
-from .._cli_common import format_table, parse_shapes, split_choices, target_option
+from ..bench.cli_common import format_table, parse_shapes, split_choices, target_option
 from ..bench import DEFAULT_SHAPES
 from ..registry import DTYPES, OPS
 from ..targets import resolve

@@ -29,7 +29,8 @@ Safety of the PyOp route (onnxruntime-extensions 0.15.2, measured):
   defaults; :func:`prepare_model` adds missing ones to nodes built elsewhere.
 
 Inputs are copied into NumPy and outputs travel through Python lists: the route is for
-correctness and convenience, not speed (:func:`lstm_tvm.bench_ort.compare_routes` measures it).
+correctness and convenience, not speed
+(:func:`lstm_tvm.bench.ort_routes.compare_routes` measures it).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from tvm import relax, tirx
 from tvm.ir import is_prim_expr
 
-from .._tvm import resolve_target
+from ..targets import resolve_target
 from ..build import BuildSpec, make_spec, primfunc
 from ..registry import get_op
 from .shapes import constant_value, dtype_of, known_dims
@@ -30,7 +30,7 @@ class KernelTable:
     Parameters
     ----------
     target : str, dict or tvm.target.Target
-        What the kernels are scheduled for (see :func:`lstm_tvm._tvm.resolve_target`); the
+        What the kernels are scheduled for (see :func:`lstm_tvm.targets.resolve_target`); the
         module must be compiled for the same target.
     tuned : bool
         Apply this target's tuning records to the kernels' GEMM blocks.

@@ -4,7 +4,8 @@ arithmetic, vendor, L2 cache.
 Derived from the target's ``mtriple``, ``mcpu`` and ``mattr`` through LLVM's own CPU feature
 tables (the host's when the target names none), so a target is described without its hardware:
 an AVX2-only x86 (``{"kind": "llvm", "mcpu": "haswell"}``), an AVX-512 x86, an AArch64 NEON core
-(``{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}``).
+(``{"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}``). Also the LLVM
+tuning flags lstm_tvm gives a target for this host's CPU (:func:`host_llvm_mattr`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from .._tvm import target_arch, tvm
 from ..kernels.contract import ROW_TILE
 from ..kernels.variant import KernelVariant
 
-__all__ = ["CpuTraits", "cpu_traits", "cut_tile_rows", "kernel_variant"]
+__all__ = ["CpuTraits", "cpu_traits", "cut_tile_rows", "host_llvm_mattr", "kernel_variant"]
 
 #: x86 vector extensions, widest first: (LLVM feature, vector bits, vector registers).
 _X86_VECTORS = (("avx512f", 512, 32), ("avx", 256, 16), ("sse2", 128, 16))
@@ -98,6 +99,18 @@ def _traits(target_json: str) -> CpuTraits:
         # every AArch64 core has.
         return CpuTraits(arch, 128, 32, bool(has("fullfp16")), extension)
     return CpuTraits(arch, 128, 16, False, extension)
+
+
+def host_llvm_mattr(machine: str) -> list[str]:
+    """The LLVM ``mattr`` flags of a target for this host's CPU (``"llvm"``), by the host's
+    architecture as ``platform.machine()`` names it: tuning flags, not features."""
+    if machine.lower() in ("x86_64", "amd64"):
+        # LLVM's tuning for many AVX-512 CPUs (Ice Lake and later Intel cores) prefers 256-bit
+        # vectors: the vectorised gate math then ran in ymm halves. Without the preference it
+        # uses zmm, and nothing got slower (docs/performance.md, "512-bit vectors for the gate
+        # math"). A tuning flag only: CPUs without AVX-512 are unaffected.
+        return ["-prefer-256-bit"]
+    return []
 
 
 def _x86_vendor(mcpu: str) -> str:

@@ -5,7 +5,7 @@ For each shape ``(T, B, I, H)`` and case (sequence forward and backward, cell fo
 backward with and without the matmul part) it times every implementation on inputs made
 beforehand and prints medians, GFLOP/s, GB/s (cell cases), peak extra memory and the speed
 ratios of lstm_tvm. Each (implementation, shape, case) runs in its own worker process
-(:mod:`lstm_tvm.bench_peers`, ``--isolate case``), so thread pools and RSS high-water marks
+(:mod:`lstm_tvm.bench.worker`, ``--isolate case``), so thread pools and RSS high-water marks
 never mix; ``--isolate impl`` runs one worker per implementation instead (faster start-up).
 
 What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones):
@@ -25,15 +25,15 @@ What is timed (``median`` of ``--repeat`` calls after ``--warmup`` untimed ones)
   a copy moving the case's bytes.
 
 Before the workers start, the bench measures this machine's limits
-(:mod:`lstm_tvm.bench_limits`: the float32 FMA peak on the bench's threads, and how fast each
+(:mod:`lstm_tvm.bench.limits`: the float32 FMA peak on the bench's threads, and how fast each
 core streams its slice of ``W_h``) and gives each row how far it is from them: the fraction of
 the FMA peak it reaches, and at a batch of at most 2 its median over a floor
-(:func:`lstm_tvm.bench_limits.floor_s`: the passes over ``W_h`` at the measured streaming rate
+(:func:`lstm_tvm.bench.limits.floor_s`: the passes over ``W_h`` at the measured streaming rate
 and the other GEMM FLOPs at the peak).
 
 The report (``--json``) holds every row and, in ``meta``, the machine, its limits, the package
-versions, the date and the command that repeats the run; :mod:`lstm_tvm.bench_report` prints it and
-makes the documentation's performance page from it.
+versions, the date and the command that repeats the run; :mod:`lstm_tvm.bench.report` prints
+it and makes the documentation's performance page from it.
 """
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ from pathlib import Path
 
 import numpy as np
 
-from . import bench_limits
-from .bench_limits import case_flops
-from . import bench_peers as peers
-from ._cli_common import parse_shapes
-from .env import usable_cores
-from .registry import forget_bias_of, get_op
+from ..env import usable_cores
+from ..registry import forget_bias_of, get_op
+from . import limits as bench_limits
+from . import worker as peers
+from .cli_common import parse_shapes
+from .limits import case_flops
 
 __all__ = ["DEFAULT_SHAPES", "LATENCY_SHAPES", "run", "parse_shapes", "case_ops", "case_flops",
            "case_bytes", "command_line", "measure_limits"]
@@ -100,9 +100,9 @@ def machine() -> dict:
     """The CPU: its model name, vendor, family and model (from /proc/cpuinfo; a VM may report
     only a generic name), LLVM's name for it (``mcpu``), its widest vector extension, the key
     its tuning records go under, and the number of usable cores."""
-    from ._tvm import host_cpu, resolve_target
-    from .schedule.traits import cpu_traits
-    from .tuning.database import records_key
+    from ..targets import host_cpu, resolve_target
+    from ..schedule.traits import cpu_traits
+    from ..tuning.database import records_key
 
     fields = {}
     try:
@@ -161,7 +161,7 @@ def _write_inputs(folder: Path, shape, case: str, opts: dict, done: dict) -> dic
     """Write (once) the real and tiny inputs of a case's first op; return the item's fields."""
     T, B, I, H = shape
     op = get_op(case_ops(case, opts["v2"])[0])
-    from .testing import make_inputs
+    from ..testing import make_inputs
 
     paths = []
     for t, b in ((T, B), (1, 1)):
@@ -240,7 +240,7 @@ def run_worker(job: dict, folder: Path, env: dict, timeout: float, bar) -> list[
 
 
 def measure_limits(opts: dict) -> dict:
-    """This machine's limits for a run of ``opts`` (:func:`lstm_tvm.bench_limits.measure`): the
+    """This machine's limits for a run of ``opts`` (:func:`lstm_tvm.bench.limits.measure`): the
     FMA peak on ``opts["threads"]`` threads, built for the ISA lstm_tvm is built for
     (``--isa``), and the streaming of ``W_h`` at ``I = H = 256`` float32 and at every ``H``
     whose floor the run needs."""
@@ -295,7 +295,7 @@ def run(opts: dict) -> dict:
 def aggregate(results: list[dict], opts: dict, limits: dict | None = None) -> list[dict]:
     """Sort rows as the table shows them and add FLOPs, GFLOP/s, GB/s, speed ratios and, with
     ``limits`` (:func:`measure_limits`), how far each row is from them
-    (:func:`lstm_tvm.bench_limits.case_limits`: ``peak_fraction``, ``floor_ms``,
+    (:func:`lstm_tvm.bench.limits.case_limits`: ``peak_fraction``, ``floor_ms``,
     ``over_floor``; the NumPy roofline runs no recurrence, so it gets no floor)."""
     order = {(tuple(s), c, i): k for k, (s, c, i) in enumerate(
         (s, c, i) for s in opts["shapes"] for c in opts["cases"] for i in opts["only"])}

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from . import bench as _bench
+from . import harness as _bench
 
 __all__ = ["IMPLS", "DEFAULT_SHAPES", "run", "render", "measure_step"]
 
@@ -38,14 +38,14 @@ _ATTRS = {"forget_bias": 1.0, "cell_clip": -1.0, "use_peephole": False}
 
 
 def _inputs(T, B, I, H, seed=0) -> dict:
-    from .testing import make_inputs
+    from ..testing import make_inputs
 
     return make_inputs("BlockLSTM", T=T, B=B, I=I, H=H, seed=seed)
 
 
 def _kernels_step(inputs: dict, threads: int):
     import lstm_tvm
-    from ._tvm import tvm
+    from .._tvm import tvm
 
     T, B, I = inputs["x"].shape
     H = inputs["cs_prev"].shape[1]
@@ -139,7 +139,7 @@ def measure_step(impl: str, shape, threads: int, warmup: int, repeat: int) -> di
 
 def _worker(impl: str, shape, threads: int, warmup: int, repeat: int, timeout: float) -> dict:
     row = {"impl": impl, "shape": list(shape)}
-    cmd = [sys.executable, "-m", "lstm_tvm.bench_train", impl, "x".join(map(str, shape)),
+    cmd = [sys.executable, "-m", "lstm_tvm.bench.train", impl, "x".join(map(str, shape)),
            str(threads), str(warmup), str(repeat)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TVM_NUM_THREADS=str(threads))
     try:
@@ -158,8 +158,8 @@ def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: 
         repeat: int = 15, timeout: float = 900.0, progress: bool | None = None) -> dict:
     """Time a training step of every implementation at every shape, each (implementation,
     shape) in its own process; returns the report (``meta`` and ``results``)."""
-    from ._progress import steps
-    from .env import usable_cores
+    from .._progress import steps
+    from ..env import usable_cores
 
     threads = threads or usable_cores()
     jobs = [(impl, tuple(shape)) for shape in shapes for impl in impls]
@@ -184,7 +184,7 @@ def render(report: dict) -> str:
     """The report as a table of at most 100 columns: each implementation's median step, how
     much faster lstm_tvm's routes are than the framework's own LSTM (``vs torch``, ``vs tf``:
     their time over ours) and what a route adds to the bare kernels (``over kernels``)."""
-    from ._cli_common import format_table
+    from .cli_common import format_table
 
     meta = report["meta"]
     header = (f"machine: {_bench.describe_machine(meta['machine'])}. Training step (forward + "
@@ -209,7 +209,7 @@ def render(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """Worker: ``python -m lstm_tvm.bench_train IMPL TxBxIxH THREADS WARMUP REPEAT``."""
+    """Worker: ``python -m lstm_tvm.bench.train IMPL TxBxIxH THREADS WARMUP REPEAT``."""
     impl, shape, threads, warmup, repeat = (argv or sys.argv[1:])[:5]
     result = measure_step(impl, tuple(int(v) for v in shape.split("x")), int(threads),
                           int(warmup), int(repeat))

@@ -1,5 +1,5 @@
 // The two limits lstm-tvm bench compares lstm_tvm with, measured on this machine
-// (lstm_tvm/bench_limits.py builds and runs this file):
+// (lstm_tvm/bench/limits.py builds and runs this file):
 //
 // - the float32 FMA peak: every thread runs independent chains of vector FMAs at the widest
 //   vector width the compiler targets (GCC/Clang vector extensions: no intrinsics, so the same
@@ -8,7 +8,7 @@
 //   recurrent weights W_h, split by columns among the cores) over and over; a slice that fits
 //   the core's L2 streams at the L2's rate.
 //
-//   cc -O3 -march=native -ffp-contract=fast -pthread bench_limits.c -o bench_limits
+//   cc -O3 -march=native -ffp-contract=fast -pthread limits.c -o bench_limits
 //   ./bench_limits THREADS SECONDS REPEATS [SLICE_BYTES ...]
 //
 // THREADS run at once, one per CPU of the process's affinity (Linux); each measurement lasts

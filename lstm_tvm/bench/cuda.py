@@ -1,6 +1,6 @@
 """lstm_tvm's CUDA kernels against PyTorch's cuDNN LSTM on one GPU.
 
-``python -m lstm_tvm.bench_cuda [--shapes ...] [--json FILE] [--profile]``.
+``python -m lstm_tvm.bench.cuda [--shapes ...] [--json FILE] [--profile]``.
 
 For each shape ``(T, B, I, H)`` and dtype it times the sequence forward (``BlockLSTMV2``
 against ``nn.LSTM`` forward with autograd on, which keeps what backward needs, as BlockLSTM
@@ -36,14 +36,15 @@ import time
 
 import numpy as np
 
-from . import bench, bench_peers, testing
-from .registry import forget_bias_of, get_op
+from .. import testing
+from ..registry import forget_bias_of, get_op
+from . import harness, worker
 
 __all__ = ["SHAPES", "run", "main"]
 
 #: The CPU benchmark's shapes, then batch 1, 8 and 64 at T = 100 (deployment and training sizes).
-SHAPES = bench.DEFAULT_SHAPES + tuple((100, b, n, n) for n in (256, 512) for b in (1, 8, 64)
-                                      if (100, b, n, n) not in bench.DEFAULT_SHAPES)
+SHAPES = harness.DEFAULT_SHAPES + tuple((100, b, n, n) for n in (256, 512) for b in (1, 8, 64)
+                                      if (100, b, n, n) not in harness.DEFAULT_SHAPES)
 CASES = {"seq_fwd": "BlockLSTMV2", "seq_bwd": "BlockLSTMGradV2"}
 
 
@@ -77,11 +78,11 @@ def _lstm_tvm(op_name: str, inputs: dict, dtype: str, target, ctx: dict):
     on ``target``'s device."""
     import tvm
 
-    from .api import compile as compile_op
-    from .validation import plain_attrs
+    from ..api import compile as compile_op
+    from ..validation import plain_attrs
 
     op = get_op(op_name)
-    T, B, I, H = bench_peers._sizes(inputs)
+    T, B, I, H = worker._sizes(inputs)
     key = (op_name, dtype, I, H)
     if key not in ctx:
         t0 = time.perf_counter()
@@ -103,7 +104,7 @@ def _cudnn(case: str, inputs: dict, dtype: str, device: str):
     fwd = get_op(CASES["seq_fwd"])
     item = {"case": case, "layout": fwd.gate_layout, "forget_bias": forget_bias_of(
         fwd, fwd.defaults())}
-    mod = bench_peers._torch_module(item, inputs, dtype).to(device)
+    mod = worker._torch_module(item, inputs, dtype).to(device)
     t = {k: torch.from_numpy(inputs[k]).to(device).requires_grad_() for k in
          ("x", "cs_prev", "h_prev")}
     state = (t["h_prev"][None], t["cs_prev"][None])
@@ -143,7 +144,7 @@ def run(shapes, dtypes, warmup: int, repeat: int, target="cuda", log=print,
     row also gets ``kernels``, see :func:`kernel_times`."""
     import torch
 
-    from ._tvm import resolve_target
+    from ..targets import resolve_target
 
     cuda = str(resolve_target(target).kind.name) == "cuda"
     peer_sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
     """Command line: prints the device, one line per case, and writes ``--json``."""
     import torch
 
-    parser = argparse.ArgumentParser(prog="python -m lstm_tvm.bench_cuda", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m lstm_tvm.bench.cuda", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default=None, help="TxBxIxH,... (default: SHAPES)")
     parser.add_argument("--dtypes", default="float32,float16")
@@ -214,7 +215,7 @@ def main(argv=None) -> int:
         print("no CUDA device visible to PyTorch", file=sys.stderr)
         return 2
     torch.backends.cudnn.allow_tf32 = opts.tf32
-    shapes = bench.parse_shapes(opts.shapes) if opts.shapes else SHAPES
+    shapes = harness.parse_shapes(opts.shapes) if opts.shapes else SHAPES
     meta = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__,
             "cudnn": torch.backends.cudnn.version(), "host": platform.processor(),
             "warmup": opts.warmup, "repeat": opts.repeat, "cudnn_tf32": opts.tf32}

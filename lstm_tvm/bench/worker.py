@@ -1,8 +1,8 @@
 """The benchmark's worker: runners for lstm_tvm, TF, PyTorch and the NumPy roofline.
 
-:mod:`lstm_tvm.bench` plans the runs, writes every case's inputs to ``.npz`` files and prints
-the table; a worker process runs one job (one implementation, one or more (shape, case) items):
-``python lstm_tvm/bench_peers.py JOB.json OUT.json``. It is started as a script, not with
+:mod:`lstm_tvm.bench.harness` plans the runs, writes every case's inputs to ``.npz`` files and
+prints the table; a worker process runs one job (one implementation, one or more (shape, case)
+items): ``python lstm_tvm/bench/worker.py JOB.json OUT.json``. It is started as a script, not with
 ``-m``, so that the TF, PyTorch and NumPy workers never import ``lstm_tvm`` (and with it TVM
 and LLVM) beside their own runtime; only the lstm_tvm worker does. It prints one ``@@done``
 line per finished item (the parent's progress bar) and rewrites OUT.json after each item.
@@ -432,12 +432,12 @@ def run_job(job: dict, out_path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    """Worker entry point: ``python lstm_tvm/bench_peers.py JOB.json OUT.json``."""
+    """Worker entry point: ``python lstm_tvm/bench/worker.py JOB.json OUT.json``."""
     argv = sys.argv[1:] if argv is None else argv
     here = str(Path(__file__).resolve().parent)
     # Run as a script: import lstm_tvm (the lstm_tvm worker) as the package, not its folder.
     sys.path[:] = [p for p in sys.path if p and str(Path(p).resolve()) != here]
-    sys.path.insert(0, str(Path(here).parent))
+    sys.path.insert(0, str(Path(here).parents[1]))
     job = json.loads(Path(argv[0]).read_text())
     run_job(job, Path(argv[1]))
     return 0

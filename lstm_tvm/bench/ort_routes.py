@@ -13,15 +13,15 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from . import raw_ops, testing
-from ._tvm import tvm
-from .api import compile as tvm_compile
-from .export import export
-from .onnx import native
-from .onnx._threads import sleep_when_idle
-from .onnx.models import make_model
-from .onnx.ort import InferenceSession
-from .registry import OPS
+from .. import raw_ops, testing
+from .._tvm import tvm
+from ..api import compile as tvm_compile
+from ..export import export
+from ..onnx import native
+from ..onnx._threads import sleep_when_idle
+from ..onnx.models import make_model
+from ..onnx.ort import InferenceSession
+from ..registry import OPS
 
 __all__ = ["compare_routes"]
 

@@ -8,7 +8,7 @@
   a slice stays in the core's L2. Reported as GB/s per core and the time one pass over the
   whole ``W_h`` takes (every core streaming its slice once).
 
-Both come from ``bench_limits.c`` (beside this module; GCC/Clang vector extensions, so it
+Both come from ``limits.c`` (beside this module; GCC/Clang vector extensions, so it
 builds for x86-64 and AArch64 alike), compiled once with the system C compiler (``$CC``, else
 ``cc``, ``gcc`` or ``clang``; ``-O3 -march=native`` on x86-64, ``-mcpu=native`` on AArch64)
 into lstm_tvm's cache folder and run in a subprocess that prints JSON. Each figure is the best
@@ -32,14 +32,14 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import env
-from ._files import atomic_path
+from .. import env
+from .._files import atomic_path
 
 __all__ = ["SOURCE", "SECONDS", "REPEATS", "SECONDS_ENV", "FLOOR_MAX_BATCH", "REFERENCE_H",
            "compiler", "build", "measure", "wh_bytes", "slice_bytes", "needed_wh_bytes",
            "stream_of", "floor_s", "case_limits", "describe", "case_flops"]
 
-SOURCE = Path(__file__).resolve().with_name("bench_limits.c")
+SOURCE = Path(__file__).resolve().with_name("limits.c")
 #: Seconds each measurement lasts (the best of :data:`REPEATS` is kept).
 SECONDS = 0.3
 REPEATS = 3

@@ -1,6 +1,7 @@
 """What several ``lstm-tvm`` commands share: the ``--target`` option, comma lists of choices,
 ``TxBxIxH`` shapes and plain-text tables. Below every command module, so none of them imports
-another."""
+another; in :mod:`lstm_tvm.bench`, whose modules use its shapes and tables too, since
+:mod:`lstm_tvm.cli` imports the bench (so it could not live there without an import cycle)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import click
 
-from ._tvm import resolve_target
+from ..targets import resolve_target
 
 __all__ = ["format_table", "parse_shapes", "split_choices", "target_option"]
 

@@ -1,4 +1,5 @@
-"""How a benchmark report (``lstm-tvm bench --json``, made by :mod:`lstm_tvm.bench`) is shown.
+"""How a benchmark report (``lstm-tvm bench --json``, made by :mod:`lstm_tvm.bench.harness`)
+is shown.
 
 - :func:`render`: the text ``lstm-tvm bench`` prints, a table of at most :data:`WIDTH` columns
   (median, GFLOP/s, how far from this machine's limits, speed ratios), or every column with
@@ -21,10 +22,10 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from . import bench_limits
-from . import bench_peers as peers
-from ._cli_common import format_table
-from .bench import PEER_NAMES, case_flops, describe_machine
+from . import limits as bench_limits
+from . import worker as peers
+from .cli_common import format_table
+from .harness import PEER_NAMES, case_flops, describe_machine
 
 __all__ = ["WIDTH", "render", "load_reports", "speedups", "page_markdown", "plot_machine"]
 
@@ -116,7 +117,7 @@ def _times(ratio: float) -> str:
 def _limit(row, measured: bool, kind: str | None = None, short: bool = False) -> str:
     """The limit cell of a row: ``kind`` "peak" (share of the FMA peak), "floor" (median over
     the floor) or None (the one its batch calls for: the floor up to
-    :data:`~lstm_tvm.bench_limits.FLOOR_MAX_BATCH`); ``n/a`` where the limits were not
+    :data:`~lstm_tvm.bench.limits.FLOOR_MAX_BATCH`); ``n/a`` where the limits were not
     measured, ``-`` where it does not apply."""
     if kind is None:
         kind = "floor" if row["shape"][1] <= bench_limits.FLOOR_MAX_BATCH else "peak"
