@@ -290,7 +290,7 @@ def _soak(runs, threads):
 
 
 def test_soak_parallel_executor_and_short_lived_threads():
-    _soak(150, 200)
+    _soak(60, 100)  # the long soak is test_soak_4_threads_x_1000_runs (-m slow)
 
 
 @pytest.mark.slow
