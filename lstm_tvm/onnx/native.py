@@ -37,7 +37,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import env
-from ..env import POOL_SPIN_COUNT
 from .._files import atomic_path
 from .._progress import notice
 from ..toolchain import cxx_build_command
@@ -160,8 +159,8 @@ def build_command(output, *, source=SOURCE, include_dir=None,
     include = Path(include_dir) if include_dir is not None else ort_include_dir()
     cmd = cxx_build_command(source, output, compiler)
     return [cmd[0], "-shared", "-fPIC", "-fvisibility=hidden", f"-I{include}",
-            f'-DLSTM_TVM_ORT_DOMAIN="{DOMAIN}"', f'-DLSTM_TVM_POOL_SPIN_COUNT="{POOL_SPIN_COUNT}"',
-            *cmd[1:]]
+            f'-DLSTM_TVM_ORT_DOMAIN="{DOMAIN}"',
+            f'-DLSTM_TVM_POOL_SPIN_COUNT="{env.POOL_SPIN_COUNT}"', *cmd[1:]]
 
 
 def build_library(output=None, *, source=SOURCE) -> Path:
