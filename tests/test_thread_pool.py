@@ -28,13 +28,18 @@ pytestmark = pytest.mark.skipif(
     reason="needs Linux thread affinities and at least 2 usable cores")
 
 
-def _pool(**env) -> dict:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("TVM_BIND_THREADS", "TVM_NUM_THREADS", "OMP_NUM_THREADS")}
-    env = {"LSTM_TVM_PIN_THREADS": "0", **env}
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env={**clean, **env},
+def _child(script: str, unset=(), **env) -> dict:
+    """The JSON line ``script`` prints in a fresh process, ``unset`` removed from this
+    process's environment and ``env`` added."""
+    clean = {k: v for k, v in os.environ.items() if k not in unset}
+    done = subprocess.run([sys.executable, "-c", script], env={**clean, **env},
                           capture_output=True, text=True, timeout=600, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _pool(**env) -> dict:
+    return _child(SCRIPT, ("TVM_BIND_THREADS", "TVM_NUM_THREADS", "OMP_NUM_THREADS"),
+                  **{"LSTM_TVM_PIN_THREADS": "0", **env})
 
 
 def test_the_pool_has_a_worker_per_usable_core_and_tvm_pins_none():
@@ -80,10 +85,7 @@ def test_the_pool_workers_sleep_soon_after_a_kernel():
     kernel, leaving the cores to the threads that run next (TVM's own count kept each busy
     for most of the 300 ms watched here; docs/performance.md). Their CPU time over that
     window is what is checked, not a duration: it does not grow when the machine is loaded."""
-    clean = {k: v for k, v in os.environ.items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
-    done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT], env=clean, capture_output=True,
-                          text=True, timeout=600, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _child(IDLE_SCRIPT, ("TVM_THREAD_POOL_SPIN_COUNT",))
     from lstm_tvm.env import POOL_SPIN_COUNT
 
     assert result["spin"] == str(POOL_SPIN_COUNT) and result["workers"] >= 1, result
@@ -91,7 +93,4 @@ def test_the_pool_workers_sleep_soon_after_a_kernel():
 
 
 def test_a_spin_count_asked_for_is_kept():
-    done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT], capture_output=True, text=True,
-                          env={**os.environ, "TVM_THREAD_POOL_SPIN_COUNT": "300000"},
-                          timeout=600, check=True)
-    assert json.loads(done.stdout.strip().splitlines()[-1])["spin"] == "300000"
+    assert _child(IDLE_SCRIPT, TVM_THREAD_POOL_SPIN_COUNT="300000")["spin"] == "300000"
