@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch", reason="lstm_tvm.torch needs PyTorch")
 tf = pytest.importorskip("tensorflow", reason="TensorFlow is the oracle")
 
 import lstm_tvm.torch as lt  # noqa: E402
+import lstm_tvm.api  # noqa: E402
 from lstm_tvm import raw_ops, reference, registry, testing  # noqa: E402
 from lstm_tvm.torch import _openmp  # noqa: E402
 
@@ -26,6 +27,10 @@ T, B, I, H = 5, 3, 4, 6  # noqa: E741 - the registry's size symbols
 FLOATS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
 #: Overloads by how seq_len_max is given: an int64 tensor, or an int.
 SEQ_KINDS = ("tensor", "int")
+#: How a call reaches the kernels: ``lstm_tvm.torch.<Op>`` in plain eager mode (the eager
+#: route, an autograd.Function), or ``torch.ops.lstm_tvm.<Op>`` (PyTorch's dispatcher and
+#: torch.library's autograd, what torch.compile traces).
+ROUTES = ("eager", "dispatcher")
 
 
 def _attrs(op_name: str) -> dict:
@@ -146,10 +151,20 @@ def _loss_weights(shape, seed=1) -> dict:
     return {n: rng.uniform(-1, 1, shape).astype(np.float32) for n in ("cs", "h")}
 
 
-def _torch_gradients(op_name: str, inputs: dict, attrs: dict, weights: dict, seq_kind: str):
+def _call(op_name: str, tensors: dict, attrs: dict, route: str = "eager"):
+    """The op's outputs (a named tuple) through ``route`` (see :data:`ROUTES`)."""
+    if route == "eager":
+        return getattr(lt, op_name)(**tensors, **attrs)
+    packet = getattr(torch.ops.lstm_tvm, op_name)
+    overload = packet.int if isinstance(tensors.get("seq_len_max"), int) else packet.default
+    return lstm_tvm.api.output_tuple(op_name)(*overload(**tensors, **attrs))
+
+
+def _torch_gradients(op_name: str, inputs: dict, attrs: dict, weights: dict, seq_kind: str,
+                     route: str = "eager"):
     """``d/d(float inputs)`` of ``sum(cs * wc) + sum(h * wh)`` through the custom op."""
     tensors = _tensors(inputs, seq_kind, grad=True)
-    out = getattr(lt, op_name)(**tensors, **attrs)
+    out = _call(op_name, tensors, attrs, route)
     loss = (out.cs * torch.from_numpy(weights["cs"])).sum() + \
         (out.h * torch.from_numpy(weights["h"])).sum()
     loss.backward()
@@ -169,22 +184,24 @@ def _tape_gradients(fn, inputs: dict, attrs: dict, weights: dict) -> dict:
     return {"loss": loss.numpy(), **{n: g.numpy() for n, g in zip(FLOATS, grads)}}
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("seq_kind", SEQ_KINDS)
 @pytest.mark.parametrize("seq_len_max", [T, T - 2], ids=["full", "padded"])
-def test_block_lstm_gradients_match_tf(seq_len_max, seq_kind):
+def test_block_lstm_gradients_match_tf(seq_len_max, seq_kind, route):
     inputs, attrs = _inputs("BlockLSTM", seq_len_max), _attrs("BlockLSTM")
     weights = _loss_weights((T, B, H))
-    got = _torch_gradients("BlockLSTM", inputs, attrs, weights, seq_kind)
+    got = _torch_gradients("BlockLSTM", inputs, attrs, weights, seq_kind, route)
     want = _tape_gradients(tf.raw_ops.BlockLSTM, inputs, attrs, weights)
     for name in want:
         testing.assert_close(got[name], want[name], "float32", f"BlockLSTM d/d{name}")
 
 
-def test_cell_gradients_match_one_step_of_tf_block_lstm():
+@pytest.mark.parametrize("route", ROUTES)
+def test_cell_gradients_match_one_step_of_tf_block_lstm(route):
     """TF has no gradient for ``LSTMBlockCell``; one step of its ``BlockLSTM`` is the cell."""
     inputs, attrs = _inputs("LSTMBlockCell"), _attrs("LSTMBlockCell")
     weights = _loss_weights((B, H))
-    got = _torch_gradients("LSTMBlockCell", inputs, attrs, weights, "tensor")
+    got = _torch_gradients("LSTMBlockCell", inputs, attrs, weights, "tensor", route)
 
     def one_step(x, **kwargs):
         out = tf.raw_ops.BlockLSTM(seq_len_max=np.int64(1), x=x[None], **kwargs)
@@ -195,7 +212,8 @@ def test_cell_gradients_match_one_step_of_tf_block_lstm():
         testing.assert_close(got[name], want[name], "float32", f"LSTMBlockCell d/d{name}")
 
 
-def test_block_lstm_v2_gradients_match_finite_differences():
+@pytest.mark.parametrize("route", ROUTES)
+def test_block_lstm_v2_gradients_match_finite_differences(route):
     """IFCO layout, ``seq_len_max < T``, peepholes: against central differences (step 1e-6)
     of the float64 reference (TF's own tape gradient of ``BlockLSTMV2`` is wrong). The inputs
     are scaled so that the cell stays inside the clip, which is not differentiated; the
@@ -206,17 +224,48 @@ def test_block_lstm_v2_gradients_match_finite_differences():
     cs = reference.run("BlockLSTMV2", inputs, {**attrs, "cell_clip": 0.0})["cs"]
     assert np.abs(cs).max() < attrs["cell_clip"]
     weights = _loss_weights((T, B, H))
-    got = _torch_gradients("BlockLSTMV2", inputs, attrs, weights, "int")
+    got = _torch_gradients("BlockLSTMV2", inputs, attrs, weights, "int", route)
     want = testing.reference_loss_gradients("BlockLSTMV2", inputs, attrs, weights, FLOATS)
     for name in FLOATS:
         testing.assert_close(got[name], want[name], "float32", f"BlockLSTMV2 d/d{name}")
 
 
+@pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("op_name", ["LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"])
-def test_only_cs_and_h_are_differentiable(op_name):
+def test_only_cs_and_h_are_differentiable(op_name, route):
     inputs = _inputs(op_name, None if op_name == "LSTMBlockCell" else T)
-    out = getattr(lt, op_name)(**_tensors(inputs, grad=True), **_attrs(op_name))
+    out = _call(op_name, _tensors(inputs, grad=True), _attrs(op_name), route)
     assert {n for n, t in out._asdict().items() if t.requires_grad} == {"cs", "h"}
+
+
+def test_eager_calls_take_the_eager_route_and_tracers_the_dispatcher():
+    """A plain eager call's gradient is the eager route's Function; under a dispatch mode
+    (what tracers install) the same call goes through ``torch.ops`` and gives the same
+    values; a second derivative through the eager route is refused, not silently wrong."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    inputs, attrs = _inputs("BlockLSTM", T), _attrs("BlockLSTM")
+    eager = lt.BlockLSTM(**_tensors(inputs, "int", grad=True), **attrs)
+    assert type(eager.h.grad_fn).__name__ == "BlockLSTMFunctionBackward"
+    with Seen() as seen:
+        traced = lt.BlockLSTM(**_tensors(inputs, "int", grad=True), **attrs)
+    assert "lstm_tvm.BlockLSTM.int" in seen.ops
+    assert all(torch.equal(a, b) for a, b in zip(eager, traced))
+    tensors = _tensors(inputs, "int", grad=True)
+    out = lt.BlockLSTM(**tensors, **attrs)
+    weight = torch.ones_like(out.h, requires_grad=True)
+    (grad_w,) = torch.autograd.grad(out.h, tensors["w"], weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        grad_w.sum().backward()
 
 
 @pytest.mark.parametrize("op_name", list(registry.KERNEL_OPS))

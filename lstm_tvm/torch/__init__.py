@@ -9,7 +9,9 @@ overload). CPU tensors run on :mod:`lstm_tvm.raw_ops`, as NumPy views that reach
 through DLPack, and the outputs are tensors over the kernels' buffers (contiguous float32 and
 float16 tensors are not copied in either direction, except small inputs: see
 :mod:`lstm_tvm.raw_ops`); CUDA tensors run on the ops compiled for ``target="cuda"`` on
-their device, through DLPack, on PyTorch's current stream.
+their device, through DLPack, on PyTorch's current stream. In plain eager mode on CPU tensors,
+``lstm_tvm.torch.<Op>`` and :class:`LSTM` call the kernels without PyTorch's dispatcher
+(:mod:`lstm_tvm.torch._eager`); tracers and compilers see ``torch.ops.lstm_tvm.<Op>``.
 ``lstm_tvm.torch.<Op>(**tf_kwargs)`` calls the op and returns a named tuple (``CellGradMatmul``
 too: ``x``, ``h_prev``, ``w``, ``dicfo`` in; ``x_grad``, ``h_prev_grad``, ``w_grad``, ``b_grad``
 out).

@@ -24,7 +24,9 @@ def register_autograd(lib: torch.library.Library) -> None:
     for op_name in forward_ops():
         route = grad_route(op_name)
         for overload in overloads(route.forward):
-            setup, backward = _formula(route, overload)
+            setup, backward = _formula(route, overload, _op(route.grad.name, overload),
+                                       _op(route.matmul.name) if route.matmul else None,
+                                       torch.zeros_like)
             torch.library.register_autograd(qualname(op_name, overload), backward,
                                             setup_context=setup, lib=lib)
 
@@ -34,15 +36,16 @@ def _op(op_name: str, overload: str = "default"):
     return getattr(getattr(getattr(torch.ops, NAMESPACE), op_name), overload)
 
 
-def _formula(route, overload: str):
-    """``(setup_context, backward)`` of ``route.forward`` for ``overload``."""
+def _formula(route, overload: str, grad_op, matmul_op, zeros_like):
+    """``(setup_context, backward)`` of ``route.forward`` for ``overload`` (the
+    ``torch.library`` forms): the backward calls ``grad_op`` (and ``matmul_op`` for the cell),
+    positional inputs and keyword attributes, and ``zeros_like(cs)`` for a gradient of ``cs``
+    or ``h`` autograd did not give."""
     fwd, grad = route.forward, route.grad
     kept_outputs = [n for kind, n in route.sources if kind == "output"]
     differentiable = [n for kind, n in route.sources if kind == "output_grad"]
     gates = [n for n in fwd.output_names if n not in differentiable]
     grad_attrs = grad.attr_names
-    grad_op = _op(grad.name, overload)
-    matmul_op = _op(route.matmul.name) if route.matmul is not None else None
     assert "cs" in kept_outputs and set(differentiable) == {"cs", "h"}
 
     def setup_context(ctx, inputs, keyword_only_inputs, output):
@@ -71,7 +74,7 @@ def _formula(route, overload: str):
         given = dict(zip(fwd.output_names, grads))
         # cs and h have one shape: a gradient that is None is cs's zeros
         values["output_grad"] = {n: given[n] if given[n] is not None
-                                 else torch.zeros_like(values["output"]["cs"])
+                                 else zeros_like(values["output"]["cs"])
                                  for n in differentiable}
         args = [values[kind][n] for kind, n in route.sources]
         result = dict(zip(grad.output_names, grad_op(*args, **ctx.attrs)))

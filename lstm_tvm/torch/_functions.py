@@ -8,6 +8,7 @@ import torch
 from ..api import output_tuple
 from ..registry import get_op
 from ..validation import validate_attrs
+from ._eager import call
 from ._ops import INT_OVERLOAD, NAMESPACE
 
 __all__ = ["make_function"]
@@ -29,19 +30,18 @@ def make_function(op_name: str):
                 f"missing input(s) {missing}"
             raise TypeError(f"{op.name}: {what}; expected inputs {list(op.input_names)} and "
                             f"attributes {list(op.attr_names)}")
-        packet = getattr(getattr(torch.ops, NAMESPACE), op.name)
-        overload = packet.default
+        overload = "default"
         for name in ints:
             value = kwargs[name]
             if not isinstance(value, torch.Tensor):
                 if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)):
                     raise TypeError(f"{op.name}: input {name!r} expected an int or an int64 "
                                     f"tensor, got {type(value).__name__} {value!r}")
-                overload = getattr(packet, INT_OVERLOAD)
+                overload = INT_OVERLOAD
         attrs = {k: v for k, v in kwargs.items() if k in op.attr_names}
         if not torch.compiler.is_compiling():  # PyTorch would convert a bool to a float
-            validate_attrs(op, attrs)
-        return result(*overload(*(kwargs[n] for n in op.input_names), **attrs))
+            attrs = validate_attrs(op, attrs)
+        return result(*call(op.name, overload, tuple(kwargs[n] for n in op.input_names), attrs))
 
     fn.__signature__ = op.signature()
     fn.__name__ = fn.__qualname__ = op.name

@@ -97,7 +97,7 @@ def _host(op: OpSpec, name: str, value):
     that is not on the CPU only as ``seq_len_max``, copied)."""
     if not isinstance(value, torch.Tensor):
         return value  # seq_len_max of the int overload
-    if value.device.type != "cpu":
+    if not value.is_cpu:
         if op.input(name).dtype == "T":
             raise ValueError(f"{op.name}: input {name!r} expected a tensor on the CPU like "
                              f"the other inputs, got one on {value.device}")

@@ -10,7 +10,8 @@ import torch
 
 from ..registry import OPS
 from ..validation import validate_attrs
-from ._ops import INT_OVERLOAD, NAMESPACE
+from ._eager import call
+from ._ops import INT_OVERLOAD
 
 __all__ = ["LSTM", "SEQUENCE_OPS"]
 
@@ -137,18 +138,20 @@ class LSTM(torch.nn.Module):
         x = x.unsqueeze(1) if unbatched else x.transpose(0, 1) if self.batch_first else x
         T, B = x.shape[0], x.shape[1]
         h0, c0 = self._initial_state(state, B, unbatched, x)
-        op = getattr(getattr(torch.ops, NAMESPACE), self.op)
         lengths = mask = None
         if sequence_length is None:
-            steps, call = T, getattr(op, INT_OVERLOAD)
+            steps, overload = T, INT_OVERLOAD
         else:
             lengths = _lengths(sequence_length, B)
-            steps, call = lengths.max(), op.default
+            steps, overload = lengths.max(), "default"
             mask = (torch.arange(T, device=lengths.device)[:, None] < lengths[None, :])
             mask = mask.unsqueeze(-1).to(x.dtype)
         h_n, c_n = [], []
         for k in range(self.num_layers):
-            out = call(steps, x, c0[k], h0[k], **self.layer_inputs(k), **self.attrs)
+            inputs = {"seq_len_max": steps, "x": x, "cs_prev": c0[k], "h_prev": h0[k],
+                      **self.layer_inputs(k)}
+            out = call(self.op, overload, tuple(inputs[n] for n in OPS[self.op].input_names),
+                       self.attrs)
             cs, h = out[1], out[6]
             if lengths is None:
                 last_h, last_c = (h[-1], cs[-1]) if T > 0 else (h0[k], c0[k])
