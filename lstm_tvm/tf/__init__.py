@@ -16,8 +16,8 @@ optimizers train through them:
   ci, co`` are ignored), and the clip of ``cell_clip`` is not differentiated;
 - the grad ops themselves have no gradient (no second derivatives).
 
-The kernels run in ``tf.py_function`` calls; tensors cross in both directions through DLPack,
-without copies. ``target=`` (default ``"llvm"``) chooses the kernels, as for
+The kernels run in ``tf.numpy_function`` calls; tensors cross in both directions as NumPy
+views of the same buffers, without copies. ``target=`` (default ``"llvm"``) chooses the kernels, as for
 :mod:`lstm_tvm.raw_ops`. Output shapes are known statically where the inputs' are. Inputs whose
 shapes are all static are checked when the call is traced, with :mod:`lstm_tvm.raw_ops`'
 messages; the rest when the kernels run (a ``tf.errors.InvalidArgumentError`` carrying the
