@@ -6,6 +6,7 @@ import importlib.metadata
 import json
 import platform
 import re
+import statistics
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -210,19 +211,25 @@ def test_cuda_bench_runs_its_comparison_on_the_cpu():
 
 def test_training_step_bench_runs_each_route_in_its_own_process():
     """The training-step bench at a tiny shape (the TF routes and the bare kernels, each in its
-    own process; the PyTorch routes run the same worker code): every route runs, the table
-    fits 100 columns, and the ratios are the report's medians divided."""
+    own processes, two rounds; the PyTorch routes run the same worker code): every route runs,
+    each result is the median of its processes' medians, the table fits 100 columns, and the
+    ratios are the report's medians divided."""
     pytest.importorskip("tensorflow", reason="the TF routes")
     report = bench_train.run([(6, 2, 8, 8)], impls=("kernels", "lstm_tvm.tf", "tf"), warmup=1,
-                             repeat=3)
+                             repeat=3, rounds=2)
     rows = {r["impl"]: r for r in report["results"]}
     for impl in ("kernels", "lstm_tvm.tf", "tf"):
         assert rows[impl]["status"] == "ok" and rows[impl]["median_ms"] > 0, rows[impl]
+        assert len(rows[impl]["process_ms"]) == 2
+        assert rows[impl]["median_ms"] == pytest.approx(statistics.median(rows[impl]["process_ms"]))
     assert report["meta"]["machine"]["records_key"] and report["meta"]["repeat"] == 3
+    assert report["meta"]["rounds"] == 2
     lines = bench_train.render(report).splitlines()
     assert lines[0].startswith("machine: ") and max(map(len, lines)) <= 100
     ours = next(line for line in lines if " lstm_tvm.tf " in line).split()
+    processes = rows["lstm_tvm.tf"]["process_ms"]
+    assert ours[3] == f"{min(processes):.2f}-{max(processes):.2f}"
     want = rows["tf"]["median_ms"] / rows["lstm_tvm.tf"]["median_ms"]
-    assert ours[3] == f"{want:.2f}"
+    assert ours[4] == f"{want:.2f}"
     over = rows["lstm_tvm.tf"]["median_ms"] / rows["kernels"]["median_ms"] - 1
-    assert ours[4] == f"{over * 100:+.1f}%"
+    assert ours[5] == f"{over * 100:+.1f}%"

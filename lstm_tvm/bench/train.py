@@ -155,25 +155,42 @@ def _worker(impl: str, shape, threads: int, warmup: int, repeat: int, timeout: f
 
 
 def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: int = 3,
-        repeat: int = 15, timeout: float = 900.0, progress: bool | None = None) -> dict:
+        repeat: int = 15, rounds: int = 1, timeout: float = 900.0,
+        progress: bool | None = None) -> dict:
     """Time a training step of every implementation at every shape, each (implementation,
-    shape) in its own process; returns the report (``meta`` and ``results``)."""
+    shape) in ``rounds`` processes of its own (round after round, so that a slow spell of the
+    machine falls on every implementation alike); returns the report (``meta`` and
+    ``results``: per (implementation, shape) the median of its processes' medians, their
+    ``process_ms``, the fastest and slowest step)."""
     from .._progress import steps
     from ..env import usable_cores
 
     threads = threads or usable_cores()
     jobs = [(impl, tuple(shape)) for shape in shapes for impl in impls]
-    results = []
-    with steps(len(jobs), "bench --training", progress, unit="case") as bar:
-        for impl, shape in jobs:
-            bar.set_postfix_str(f"{impl} {'x'.join(map(str, shape))}")
-            results.append(_worker(impl, shape, threads, warmup, repeat, timeout))
-            bar.update()
+    runs: dict = {job: [] for job in jobs}
+    with steps(len(jobs) * rounds, "bench --training", progress, unit="process") as bar:
+        for _ in range(rounds):
+            for impl, shape in jobs:
+                bar.set_postfix_str(f"{impl} {'x'.join(map(str, shape))}")
+                runs[(impl, shape)].append(_worker(impl, shape, threads, warmup, repeat,
+                                                   timeout))
+                bar.update()
     meta = {"machine": _bench.machine(), "versions": _bench.versions(), "threads": threads,
-            "warmup": warmup, "repeat": repeat,
+            "warmup": warmup, "repeat": repeat, "rounds": rounds,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": list(os.getloadavg())}
-    return {"meta": meta, "results": results}
+    return {"meta": meta, "results": [_combined(rows) for rows in runs.values()]}
+
+
+def _combined(rows: list) -> dict:
+    """One (implementation, shape)'s processes as one result: the first failure if any
+    process failed, else the median of their medians."""
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        return failed[0]
+    medians = [r["median_ms"] for r in rows]
+    return {**rows[0], "median_ms": float(np.median(medians)), "process_ms": medians,
+            "min_ms": min(r["min_ms"] for r in rows), "max_ms": max(r["max_ms"] for r in rows)}
 
 
 def _ratio(num, den):
@@ -181,15 +198,19 @@ def _ratio(num, den):
 
 
 def render(report: dict) -> str:
-    """The report as a table of at most 100 columns: each implementation's median step, how
-    much faster lstm_tvm's routes are than the framework's own LSTM (``vs torch``, ``vs tf``:
-    their time over ours) and what a route adds to the bare kernels (``over kernels``)."""
+    """The report as a table of at most 100 columns: each implementation's median step, the
+    fastest and slowest of its processes' medians (with more than one round), how much faster
+    lstm_tvm's routes are than the framework's own LSTM (``speed-up vs own``: its time over
+    ours) and what a route adds to the bare kernels (``over kernels``)."""
     from .cli_common import format_table
 
     meta = report["meta"]
+    rounds = meta.get("rounds", 1)
+    runs = (f"; median over {rounds} processes each, run in {rounds} rounds" if rounds > 1
+            else "")
     header = (f"machine: {_bench.describe_machine(meta['machine'])}. Training step (forward + "
               f"backward), float32, {meta['threads']} threads, median of {meta['repeat']} after "
-              f"{meta['warmup']} warm-up; load average {meta['load_average'][0]:.2f}")
+              f"{meta['warmup']} warm-up{runs}; load average {meta['load_average'][0]:.2f}")
     lines = textwrap.wrap(header, 100, subsequent_indent="  ")
     by = {(r["impl"], tuple(r["shape"])): r for r in report["results"]}
     rows = []
@@ -200,11 +221,14 @@ def render(report: dict) -> str:
         peer_ms = by.get((peer, shape), {}).get("median_ms") if peer else None
         kernels = by.get(("kernels", shape), {}).get("median_ms")
         over = f"{(med / kernels - 1) * 100:+.1f}%" if med and kernels and peer else "-"
+        spread = "-"
+        if len(r.get("process_ms", ())) > 1:
+            spread = f"{min(r['process_ms']):.2f}-{max(r['process_ms']):.2f}"
         rows.append(["x".join(map(str, shape)), r["impl"],
-                     f"{med:.3f}" if med else r["status"], _ratio(peer_ms, med) if peer else "-",
-                     over])
-    lines.append(format_table(["TxBxIxH", "impl", "median ms", "speed-up vs own", "over kernels"],
-                              rows))
+                     f"{med:.3f}" if med else r["status"], spread,
+                     _ratio(peer_ms, med) if peer else "-", over])
+    lines.append(format_table(["TxBxIxH", "impl", "median ms", "processes ms",
+                               "speed-up vs own", "over kernels"], rows))
     return "\n".join(lines)
 
 

@@ -60,7 +60,10 @@ __all__ = ["command"]
                    "lstm_tvm.tf against nn.LSTM and TF's BlockLSTM, and the bare kernels: "
                    "shapes " + ",".join("x".join(map(str, s)) for s in TRAINING_SHAPES)
                    + " unless --shapes is given (--only, --cases and --dtype do not apply).")
-def command(shapes, only, cases, json_path, latency, wide, training, **opts):
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
+              help="With --training: run every (impl, shape) in this many processes, round "
+                   "after round, and report the median of their medians.")
+def command(shapes, only, cases, json_path, latency, wide, training, rounds, **opts):
     """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
 
     One worker process per implementation and case (--isolate case) times the median of
@@ -81,7 +84,7 @@ def command(shapes, only, cases, json_path, latency, wide, training, **opts):
     if training:
         report = bench_train.run(opts["shapes"], threads=opts["threads"],
                                  warmup=max(opts["warmup"], 1), repeat=opts["repeat"],
-                                 timeout=opts["timeout"])
+                                 rounds=rounds, timeout=opts["timeout"])
         click.echo(bench_train.render(report))
         if json_path is not None:
             json_path.write_text(json.dumps(report, indent=2) + "\n")
