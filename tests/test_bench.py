@@ -108,6 +108,24 @@ def test_default_output_fits_100_columns_and_wide_has_every_column(tmp_path):
     assert re.search(r"cell bwd \(gates only\)\s+ort\s+n/a", result.output)  # n/a rows too
 
 
+def test_rounds_measure_every_case_in_several_processes(tmp_path):
+    """``--rounds 2``: each case runs in two worker processes; its row is the median of their
+    medians, with every timed call, both medians and their spread, which a note prints."""
+    output, data = _invoke(tmp_path, "--only", "lstm_tvm,numpy", "--cases", "cell_fwd",
+                           "--rounds", "2", "--repeat", "3")
+    rows = {r["impl"]: r for r in data["results"]}
+    assert set(rows) == {"lstm_tvm", "numpy"}
+    for r in rows.values():
+        assert r["status"] == "ok" and len(r["process_ms"]) == 2 and len(r["times_ms"]) == 6
+        assert r["median_ms"] == pytest.approx(statistics.median(r["process_ms"]))
+        assert r["process_spread"] == pytest.approx(max(r["process_ms"]) / min(r["process_ms"]))
+    assert data["meta"]["rounds"] == 2 and "--rounds 2" in data["meta"]["command"]
+    note = output.replace("\n  ", " ")
+    assert (f"spread over 2 processes a case (slowest median / fastest): lstm_tvm cell fwd "
+            f"4x2x8x8 {rows['lstm_tvm']['process_spread']:.2f}") in note
+    assert max(map(len, output.splitlines())) <= bench_report.WIDTH
+
+
 def test_missing_peers_are_reported(tmp_path, monkeypatch):
     real = bench_worker.is_installed
     monkeypatch.setattr(bench_worker, "is_installed", lambda impl: impl == "numpy" and real(impl))

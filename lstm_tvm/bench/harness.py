@@ -150,6 +150,7 @@ def command_line(opts: dict) -> str:
              "--repeat", str(opts["repeat"]), "--warmup", str(opts["warmup"]),
              "--isolate", opts["isolate"], "--isa", opts.get("isa", "native"),
              "--seed", str(opts["seed"])]
+    words += ["--rounds", str(opts["rounds"])] * (opts.get("rounds", 1) > 1)
     words += ["--threads", str(opts["threads"])] * (opts["threads"] != usable_cores())
     words += ["--v2"] * bool(opts["v2"]) + ["--no-cache"] * bool(opts["no_cache"])
     return shlex.join(words)
@@ -271,14 +272,19 @@ def run(opts: dict) -> dict:
         n_items = len(opts["shapes"]) * len(opts["cases"]) * len(opts["only"])
         with tqdm(total=n_items, desc="inputs", file=sys.stderr, disable=None, leave=False) as bar:
             jobs, results = plan(opts, folder, bar)
-        total = sum(len(j["items"]) for j in jobs)
+        rounds = opts.get("rounds", 1)
+        total = sum(len(j["items"]) for j in jobs) * rounds
+        runs = []
         with tqdm(total=total, desc="bench", unit="case", file=sys.stderr, disable=None,
                   leave=False) as bar:
-            for job in jobs:
-                bar.set_postfix_str(f"{job['impl']} {job['items'][0]['case']}")
-                results += run_worker(job, folder, env, opts["timeout"], bar)
+            for _ in range(rounds):
+                for job in jobs:
+                    bar.set_postfix_str(f"{job['impl']} {job['items'][0]['case']}")
+                    runs += run_worker(job, folder, env, opts["timeout"], bar)
+        results += combine_processes(runs)
     meta = {k: opts[k] for k in ("dtype", "threads", "repeat", "warmup", "isolate", "v2",
                                  "seed", "no_cache")}
+    meta["rounds"] = opts.get("rounds", 1)
     meta["isa"] = opts.get("isa", "native")
     meta.update(shapes=[list(s) for s in opts["shapes"]], cases=opts["cases"],
                 impls=opts["only"], machine=machine(), limits=limits, versions=versions(),
@@ -291,6 +297,29 @@ def run(opts: dict) -> dict:
 
 
 # --- aggregation and output ---------------------------------------------------------------------
+
+def combine_processes(rows: list[dict]) -> list[dict]:
+    """The rows of one case measured in several processes (``--rounds``) as one row each, in
+    first-seen order: the first failure if a process failed, else the median of the processes'
+    medians (``median_ms``), every timed call (``times_ms``), the medians (``process_ms``) and
+    ``process_spread``, the slowest median over the fastest."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["impl"], tuple(r["shape"]), r["case"]), []).append(r)
+    combined = []
+    for group in groups.values():
+        failed = [r for r in group if r["status"] != "ok"]
+        if failed or len(group) == 1:
+            combined.append((failed or group)[0])
+            continue
+        medians = [r["median_ms"] for r in group]
+        combined.append({**group[0], "median_ms": float(np.median(medians)),
+                         "times_ms": [t for r in group for t in r["times_ms"]],
+                         "process_ms": medians, "process_spread": max(medians) / min(medians)})
+        peaks = [r["peak_mib"] for r in group if r.get("peak_mib") is not None]
+        combined[-1]["peak_mib"] = max(peaks) if peaks else None
+    return combined
+
 
 def aggregate(results: list[dict], opts: dict, limits: dict | None = None) -> list[dict]:
     """Sort rows as the table shows them and add FLOPs, GFLOP/s, GB/s, speed ratios and, with

@@ -25,7 +25,7 @@ from pathlib import Path
 from . import limits as bench_limits
 from . import worker as peers
 from .cli_common import format_table
-from .harness import PEER_NAMES, case_flops, describe_machine
+from .harness import OURS, PEER_NAMES, case_flops, describe_machine
 
 __all__ = ["WIDTH", "render", "load_reports", "speedups", "page_markdown", "plot_machine"]
 
@@ -98,6 +98,7 @@ def render(report: dict, wide: bool = False) -> str:
         head = (_wrap_items(run) + _wrap_items(machine.split(", ") + [load])
                 + (_wrap_items(limit_items) if limits else []) + _wrap_items(versions))
         body, notes = _compact_table(rows, measured), _compact_notes(rows)
+    notes += _spread_notes(rows, meta.get("rounds", 1))
     return "\n".join(head + ["", body, ""] + notes + [f"wall time: {meta['wall_s']:.1f} s"])
 
 
@@ -162,6 +163,16 @@ def _wide_table(rows, measured: bool = False) -> str:
           _num(r["vs_roofline"], ".2f"),
           _num(r.get("compile_s"), ".2f") + ("*" if r.get("cached") else ""),
           r.get("what", "-")) for r in rows], right=range(3, 16))
+
+
+def _spread_notes(rows, rounds: int) -> list[str]:
+    """With ``--rounds``: each lstm_tvm row's slowest process median over its fastest."""
+    spread = [f"{r['impl']} {SHORT_CASES[r['case']]} {_shape(r)} {r['process_spread']:.2f}"
+              for r in rows if r["impl"] in OURS and r.get("process_spread")]
+    if rounds < 2 or not spread:
+        return []
+    return textwrap.wrap(f"spread over {rounds} processes a case (slowest median / fastest): "
+                         + ", ".join(spread), WIDTH, subsequent_indent="  ")
 
 
 def _overhead_notes(rows) -> list[str]:

@@ -61,8 +61,9 @@ __all__ = ["command"]
                    "shapes " + ",".join("x".join(map(str, s)) for s in TRAINING_SHAPES)
                    + " unless --shapes is given (--only, --cases and --dtype do not apply).")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
-              help="With --training: run every (impl, shape) in this many processes, round "
-                   "after round, and report the median of their medians.")
+              help="Run every case (with --training: every impl and shape) in this many "
+                   "processes, round after round; report the median of their medians and "
+                   "how far apart the processes were.")
 def command(shapes, only, cases, json_path, latency, wide, training, rounds, **opts):
     """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
 
@@ -94,6 +95,7 @@ def command(shapes, only, cases, json_path, latency, wide, training, rounds, **o
         sys.exit(1 if failed else 0)
     opts["only"] = split_choices(only, peers.IMPLS, "--only")
     opts["cases"] = split_choices(cases, peers.CASES, "--cases")
+    opts["rounds"] = rounds
     report = run(opts)
     click.echo(render(report, wide=wide))
     if json_path is not None:
