@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -49,6 +50,9 @@ def test_the_program_builds_and_its_output_parses():
     assert len(limits["fma_gflops"]) == 2 and min(limits["fma_gflops"]) > 0
     # %.6g in the program's JSON: equal to 6 significant digits
     assert limits["fma_peak_gflops"] == pytest.approx(max(limits["fma_gflops"]), rel=1e-5)
+    assert limits["fma_one_core_gflops"] > 0
+    assert limits["core_scaling"] == pytest.approx(
+        limits["fma_peak_gflops"] / (threads * limits["fma_one_core_gflops"]))
     vector_bytes = limits["vector_bits"] // 8
     assert [s["wh_bytes"] for s in limits["stream"]] == sizes
     for s in limits["stream"]:
@@ -174,6 +178,9 @@ def test_bench_report_has_the_limits(tmp_path, monkeypatch):
     assert max(map(len, lines)) <= bench_report.WIDTH, max(lines, key=len)
     assert any(line.startswith("limits: ") for line in lines)
     assert f"FMA peak {limits['fma_peak_gflops']:.1f} GFLOP/s" in result.output
+    if limits["threads"] > 1:
+        assert (f"{limits['core_scaling']:.2f} of {limits['threads']}x one core alone "
+                f"({limits['fma_one_core_gflops']:.1f})") in re.sub(r"\s+", " ", result.output)
     for r in report["results"]:
         assert r["status"] == "ok", r
         T, B, I, H = r["shape"]

@@ -169,24 +169,24 @@ def measure(threads: int, wh_sizes=(wh_bytes(REFERENCE_H),), *, seconds: float |
 
     Returns ``{"status": "ok", "isa", "vector_bits", "fma", "threads", "cpus" (those the
     process may run on; 0 where the system does not say), "pinned" (each thread to its CPU),
-    "fma_peak_gflops", "fma_gflops" (every run), "stream": [...], "seconds", "repeats",
-    "build"}``, one ``stream`` entry per size: ``wh_bytes``, ``slice_bytes`` (per core, rounded
-    up to whole vector groups), ``pass_s`` (the best time of one pass over the whole ``W_h``,
-    every core streaming its slice once), ``pass_runs_s``, ``gbs_per_core`` and ``gbs`` (all
-    cores). Without a compiler, or when the program fails: ``{"status": "n/a", "error"}``.
+    "fma_peak_gflops", "fma_gflops" (every run), "fma_one_core_gflops" (one thread alone),
+    "core_scaling" (the peak over ``threads`` times one core alone: about 1 where the cores
+    are whole cores, less where they share execution units), "stream": [...], "seconds",
+    "repeats", "build"}``, one ``stream`` entry per size: ``wh_bytes``, ``slice_bytes`` (per
+    core, rounded up to whole vector groups), ``pass_s`` (the best time of one pass over the
+    whole ``W_h``, every core streaming its slice once), ``pass_runs_s``, ``gbs_per_core`` and
+    ``gbs`` (all cores). Without a compiler, or when the program fails: ``{"status": "n/a",
+    "error"}``.
     """
     if seconds is None:
         seconds = float(os.environ.get(SECONDS_ENV) or SECONDS)
     try:
         program, command = build(march)
         slices = [slice_bytes(wh, threads) for wh in wh_sizes]
-        args = [str(program), str(threads), repr(seconds), str(repeats), *map(str, slices)]
-        proc = subprocess.run(args, capture_output=True, text=True, check=False,
-                              timeout=timeout)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(args)} exited with {proc.returncode}: "
-                               f"{proc.stderr.strip()[-500:]}")
-        out = json.loads(proc.stdout)
+        out = _run(program, threads, seconds, repeats, slices, timeout)
+        # one core alone: how much of threads x its rate the cores reach together shows cores
+        # that share a physical core (SMT siblings, a VM's vCPUs placed so by its host)
+        alone = _run(program, 1, seconds, repeats, [], timeout) if threads > 1 else out
     except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as exc:
         return {"status": "n/a", "error": str(exc).strip() or type(exc).__name__}
     stream = [{"wh_bytes": wh, "slice_bytes": s["slice_bytes"], "pass_s": s["best_pass_s"],
@@ -196,8 +196,21 @@ def measure(threads: int, wh_sizes=(wh_bytes(REFERENCE_H),), *, seconds: float |
             "fma": out["fma"], "threads": out["threads"], "cpus": out["cpus"],
             "pinned": out["pinned"],
             "fma_peak_gflops": out["fma_peak_gflops"], "fma_gflops": out["fma_gflops"],
+            "fma_one_core_gflops": alone["fma_peak_gflops"],
+            "core_scaling": out["fma_peak_gflops"] / (threads * alone["fma_peak_gflops"]),
             "stream": stream, "seconds": seconds, "repeats": repeats,
             "build": " ".join(command)}
+
+
+def _run(program: Path, threads: int, seconds: float, repeats: int, slices: list,
+         timeout: float) -> dict:
+    """The limits program's JSON for one run of it."""
+    args = [str(program), str(threads), repr(seconds), str(repeats), *map(str, slices)]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} exited with {proc.returncode}: "
+                           f"{proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
 
 
 def stream_of(limits: dict | None, wh: int) -> dict | None:
@@ -275,6 +288,12 @@ def describe(limits: dict | None, cpu: str | None = None) -> list[str]:
     items = [f"limits: {cpu or 'this CPU'}", cores,
              f"{limits['isa']} ({limits['vector_bits']}-bit vectors, {fma})",
              f"FMA peak {limits['fma_peak_gflops']:.1f} GFLOP/s"]
+    slowest = min(limits.get("fma_gflops") or [limits["fma_peak_gflops"]])
+    if slowest < 0.9 * limits["fma_peak_gflops"]:  # another load on the cores meanwhile
+        items[-1] += f" (slowest run {slowest:.1f}: the cores were shared)"
+    if threads > 1 and limits.get("core_scaling"):  # reports made before it have none
+        items.append(f"{limits['core_scaling']:.2f} of {threads}x one core alone "
+                     f"({limits['fma_one_core_gflops']:.1f})")
     for s in limits["stream"]:
         items.append(f"W_h {_size(s['wh_bytes'])} ({_size(s['slice_bytes'])} a core) at "
                      f"{s['gbs_per_core']:.1f} GB/s a core: {s['pass_s'] * 1e6:.3g} us a pass")
