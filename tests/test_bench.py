@@ -111,10 +111,10 @@ def test_default_output_fits_100_columns_and_wide_has_every_column(tmp_path):
 def test_rounds_measure_every_case_in_several_processes(tmp_path):
     """``--rounds 2``: each case runs in two worker processes; its row is the median of their
     medians, with every timed call, both medians and their spread, which a note prints."""
-    output, data = _invoke(tmp_path, "--only", "lstm_tvm,numpy", "--cases", "cell_fwd",
+    output, data = _invoke(tmp_path, "--only", "lstm_tvm", "--cases", "cell_fwd",
                            "--rounds", "2", "--repeat", "3")
     rows = {r["impl"]: r for r in data["results"]}
-    assert set(rows) == {"lstm_tvm", "numpy"}
+    assert set(rows) == {"lstm_tvm"}
     for r in rows.values():
         assert r["status"] == "ok" and len(r["process_ms"]) == 2 and len(r["times_ms"]) == 6
         assert r["median_ms"] == pytest.approx(statistics.median(r["process_ms"]))
@@ -229,25 +229,47 @@ def test_cuda_bench_runs_its_comparison_on_the_cpu():
 
 def test_training_step_bench_runs_each_route_in_its_own_process():
     """The training-step bench at a tiny shape (the TF routes and the bare kernels, each in its
-    own processes, two rounds; the PyTorch routes run the same worker code): every route runs,
-    each result is the median of its processes' medians, the table fits 100 columns, and the
-    ratios are the report's medians divided."""
+    own process; the PyTorch routes run the same worker code): every route runs, the table
+    fits 100 columns, and the ratios are the report's medians divided."""
     pytest.importorskip("tensorflow", reason="the TF routes")
     report = bench_train.run([(6, 2, 8, 8)], impls=("kernels", "lstm_tvm.tf", "tf"), warmup=1,
-                             repeat=3, rounds=2)
+                             repeat=3)
     rows = {r["impl"]: r for r in report["results"]}
     for impl in ("kernels", "lstm_tvm.tf", "tf"):
         assert rows[impl]["status"] == "ok" and rows[impl]["median_ms"] > 0, rows[impl]
-        assert len(rows[impl]["process_ms"]) == 2
-        assert rows[impl]["median_ms"] == pytest.approx(statistics.median(rows[impl]["process_ms"]))
+        assert rows[impl]["process_ms"] == [rows[impl]["median_ms"]]
     assert report["meta"]["machine"]["records_key"] and report["meta"]["repeat"] == 3
-    assert report["meta"]["rounds"] == 2
+    assert report["meta"]["rounds"] == 1
     lines = bench_train.render(report).splitlines()
     assert lines[0].startswith("machine: ") and max(map(len, lines)) <= 100
     ours = next(line for line in lines if " lstm_tvm.tf " in line).split()
-    processes = rows["lstm_tvm.tf"]["process_ms"]
-    assert ours[3] == f"{min(processes):.2f}-{max(processes):.2f}"
+    assert ours[3] == "-"  # one process: no spread
     want = rows["tf"]["median_ms"] / rows["lstm_tvm.tf"]["median_ms"]
     assert ours[4] == f"{want:.2f}"
     over = rows["lstm_tvm.tf"]["median_ms"] / rows["kernels"]["median_ms"] - 1
     assert ours[5] == f"{over * 100:+.1f}%"
+
+
+def test_training_rounds_combine_the_processes_of_each_route():
+    """``--rounds``: a route's result is the median of its processes' medians, its fastest and
+    slowest step of all; a failed process makes the route's result that failure."""
+    def row(impl, ms):
+        return {"impl": impl, "shape": [6, 2, 8, 8], "status": "ok", "median_ms": ms,
+                "min_ms": ms * 0.9, "max_ms": ms * 1.5}
+
+    runs = {"kernels": [row("kernels", m) for m in (2.0, 3.0, 2.5)],
+            "lstm_tvm.tf": [row("lstm_tvm.tf", m) for m in (4.0, 3.0, 9.0)],
+            "tf": [row("tf", 30.0), {"impl": "tf", "shape": [6, 2, 8, 8],
+                                     "status": "timed out after 1 s"}]}
+    results = [bench_train._combined(r) for r in runs.values()]
+    kernels, ours, tf_row = results
+    assert kernels["median_ms"] == statistics.median([2.0, 3.0, 2.5])
+    assert (kernels["min_ms"], kernels["max_ms"]) == (2.0 * 0.9, 3.0 * 1.5)
+    assert ours["process_ms"] == [4.0, 3.0, 9.0] and ours["median_ms"] == 4.0
+    assert tf_row["status"] == "timed out after 1 s"
+    meta = {"machine": {"cpu": "test CPU", "cores": 2}, "threads": 2, "repeat": 3, "warmup": 1,
+            "rounds": 3, "load_average": [0.5, 0.5, 0.5]}
+    text = bench_train.render({"meta": meta, "results": results})
+    line = next(line for line in text.splitlines() if " lstm_tvm.tf " in line).split()
+    assert line[2:4] == ["4.000", "3.00-9.00"] and line[5] == f"{(4.0 / 2.5 - 1) * 100:+.1f}%"
+    assert "median over 3 processes each" in text.replace("\n  ", " ")

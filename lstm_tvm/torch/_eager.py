@@ -90,9 +90,10 @@ def call(op_name: str, overload: str, args: tuple, attrs: dict):
     ``torch.ops.lstm_tvm.<op_name>.<overload>``. Returns the tuple of outputs."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if eager_ok(tensors):
-        if op_name in forward_ops():
-            names = get_op(op_name).attr_names
-            return eager_function(op_name, overload).apply(*args, *(attrs[n] for n in names))
+        op = get_op(op_name)
+        if op.direction == "forward":
+            return eager_function(op_name, overload).apply(*args,
+                                                           *(attrs[n] for n in op.attr_names))
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             return _kernel(op_name)(*args, **attrs)
     return _op(op_name, overload)(*args, **attrs)
