@@ -43,7 +43,7 @@ from .registry import CELL_GRAD_MATMUL, KERNEL_OPS, OPS, OpSpec
 from .validation import (check_seq_len_max, expected_output_shapes,
                          validate_attrs, validate_inputs)
 
-__all__ = list(OPS) + ["run", "cell_grad_matmul"]
+__all__ = list(OPS) + ["run", "runner", "cell_grad_matmul"]
 
 
 def _to_numpy(value, where: str = "input"):
@@ -304,6 +304,20 @@ def _make(op: OpSpec):
 
 for _op in OPS.values():
     globals()[_op.name] = _make(_op)
+
+
+def runner(op_name: str):
+    """``op_name`` (a TF op or a helper of :data:`lstm_tvm.registry.KERNEL_OPS`) as a function
+    ``(inputs, attrs=None, *, target="llvm")`` that runs it as :func:`run` does: a TF op through
+    its ``raw_ops`` function, which recognises a call like its last one without planning it
+    again (what callers converting framework tensors call op after op), a helper through
+    :func:`run`."""
+    if op_name not in OPS:
+        return lambda inputs, attrs=None, *, target="llvm": run(op_name, inputs, attrs,
+                                                                 target=target)
+    fn = globals()[op_name]
+    return lambda inputs, attrs=None, *, target="llvm": fn(**inputs, **(attrs or {}),
+                                                            target=target)
 
 
 def cell_grad_matmul(x, h_prev, w, dicfo, *, target="llvm", device=None):

@@ -298,26 +298,35 @@ def run(opts: dict) -> dict:
 
 # --- aggregation and output ---------------------------------------------------------------------
 
+def median_of_processes(rows: list[dict]) -> dict:
+    """One measurement made in several processes (each row with ``status`` and, where "ok",
+    ``median_ms``): the first failure if a process failed, else the first row with the median
+    of the processes' medians (``median_ms``) and the medians (``process_ms``)."""
+    failed = [r for r in rows if r["status"] != "ok"]
+    if failed:
+        return failed[0]
+    medians = [r["median_ms"] for r in rows]
+    return {**rows[0], "median_ms": float(np.median(medians)), "process_ms": medians}
+
+
 def combine_processes(rows: list[dict]) -> list[dict]:
     """The rows of one case measured in several processes (``--rounds``) as one row each, in
-    first-seen order: the first failure if a process failed, else the median of the processes'
-    medians (``median_ms``), every timed call (``times_ms``), the medians (``process_ms``) and
-    ``process_spread``, the slowest median over the fastest."""
+    first-seen order (a case run once keeps its row): :func:`median_of_processes`, with every
+    timed call (``times_ms``), ``process_spread`` (the slowest median over the fastest) and
+    the largest ``peak_mib``."""
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["impl"], tuple(r["shape"]), r["case"]), []).append(r)
     combined = []
     for group in groups.values():
-        failed = [r for r in group if r["status"] != "ok"]
-        if failed or len(group) == 1:
-            combined.append((failed or group)[0])
-            continue
-        medians = [r["median_ms"] for r in group]
-        combined.append({**group[0], "median_ms": float(np.median(medians)),
-                         "times_ms": [t for r in group for t in r["times_ms"]],
-                         "process_ms": medians, "process_spread": max(medians) / min(medians)})
-        peaks = [r["peak_mib"] for r in group if r.get("peak_mib") is not None]
-        combined[-1]["peak_mib"] = max(peaks) if peaks else None
+        row = group[0] if len(group) == 1 else median_of_processes(group)
+        if "process_ms" in row:
+            medians = row["process_ms"]
+            peaks = [r["peak_mib"] for r in group if r.get("peak_mib") is not None]
+            row.update(times_ms=[t for r in group for t in r["times_ms"]],
+                       process_spread=max(medians) / min(medians),
+                       peak_mib=max(peaks) if peaks else None)
+        combined.append(row)
     return combined
 
 

@@ -183,14 +183,13 @@ def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: 
 
 
 def _combined(rows: list) -> dict:
-    """One (implementation, shape)'s processes as one result: the first failure if any
-    process failed, else the median of their medians."""
-    failed = [r for r in rows if r["status"] != "ok"]
-    if failed:
-        return failed[0]
-    medians = [r["median_ms"] for r in rows]
-    return {**rows[0], "median_ms": float(np.median(medians)), "process_ms": medians,
-            "min_ms": min(r["min_ms"] for r in rows), "max_ms": max(r["max_ms"] for r in rows)}
+    """One (implementation, shape)'s processes as one result
+    (:func:`lstm_tvm.bench.harness.median_of_processes`), with the fastest and slowest step of
+    them all."""
+    row = _bench.median_of_processes(rows)
+    if row["status"] == "ok":
+        row.update(min_ms=min(r["min_ms"] for r in rows), max_ms=max(r["max_ms"] for r in rows))
+    return row
 
 
 def _ratio(num, den):

@@ -114,15 +114,10 @@ def _call(op: OpSpec, attrs: dict, target, tensors: list) -> list:
     ``numpy_function`` hands the kernels NumPy views of TF's buffers and takes their outputs
     (aligned arrays over the kernels' buffers) as they are, without copies either way; it
     costs less a call than ``py_function``, which makes eager tensors of both."""
-    names = op.input_names
-    if op.tf_op:  # its raw_ops function, which recognises a repeated configuration cheaply
-        run = getattr(raw_ops, op.name)
+    names, run = op.input_names, raw_ops.runner(op.name)
 
-        def kernels(*arrays):
-            return list(run(**dict(zip(names, arrays)), **attrs, target=target))
-    else:
-        def kernels(*arrays):
-            return list(raw_ops.run(op.name, dict(zip(names, arrays)), attrs, target=target))
+    def kernels(*arrays):
+        return list(run(dict(zip(names, arrays)), attrs, target=target))
 
     dtype = next(t.dtype for t, s in zip(tensors, op.inputs) if s.dtype == "T")
     outs = tf.numpy_function(kernels, tensors, Tout=[dtype] * len(op.outputs),

@@ -39,7 +39,7 @@ def eager_ok(tensors) -> bool:
             or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
             or torch._C._functorch.peek_interpreter_stack() is not None):
         return False
-    return all(type(t) in _PLAIN and t.device.type == "cpu" for t in tensors)
+    return all(type(t) in _PLAIN and t.is_cpu for t in tensors)
 
 
 def _cached_zeros(like: torch.Tensor) -> torch.Tensor:

@@ -78,15 +78,12 @@ def _cpu_kernel(op: OpSpec):
     where contiguous), its outputs come back as tensors over its buffers (no copy). PyTorch's
     idle OpenMP workers are released first (:mod:`lstm_tvm.torch._openmp`)."""
     names = op.input_names
-    # a TF op through its raw_ops function (which recognises a repeated configuration
-    # cheaply), a helper through raw_ops.run
-    call = getattr(raw_ops, op.name) if op.tf_op else functools.partial(raw_ops.run, op.name)
+    call = raw_ops.runner(op.name)
 
     def kernel(*args, **attrs):
         inputs = {n: _host(op, n, v) for n, v in zip(names, args)}
         release_idle_workers()
-        result = call(**inputs, **attrs) if op.tf_op else call(inputs, attrs)
-        return tuple(torch.from_numpy(a) for a in result)
+        return tuple(torch.from_numpy(a) for a in call(inputs, attrs))
 
     kernel.__name__ = f"{op.name}_cpu"
     return kernel
