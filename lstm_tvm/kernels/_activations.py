@@ -11,11 +11,13 @@ select, floor and bit casts, which LLVM vectorises for the host ISA (and CUDA ru
   exactly ``+-1`` beyond (as TF gives); within 5 ulp.
 - ``sigmoid``: ``1 / (1 + exp(-x))``.
 
-They return expression trees that repeat their argument several times (TVM's simplifier
-substitutes let-bound values anyway, and LLVM merges the copies): pass small arguments, such
-as loads, and store each result before feeding it to another activation (see
-:func:`._gates.cell_forward`), or the trees grow exponentially. Clamps are compare-and-select,
-so NaN stays NaN.
+They return expression trees that repeat their argument and intermediate values several
+times. Given ``bind`` (``T.bind`` of the IR builder, inside a block's body) they bind those
+to variables first, so each is computed once and the trees stay small (LLVM merges repeated
+copies too, but the time it takes grows with the trees: the forward kernels compile several
+times faster with their gate values bound, docs/performance.md, "bound gate values"); without
+it, pass small arguments, such as loads, and store each result before feeding it to another
+activation, or the trees grow exponentially. Clamps are compare-and-select, so NaN stays NaN.
 """
 
 from __future__ import annotations
@@ -66,13 +68,18 @@ def _horner(x, coeffs):
     return acc
 
 
-def exp(x):
+def _same(value):
+    return value
+
+
+def exp(x, bind=_same):
     """``e**x`` for a float32 expression (0 below -88.38, ``inf`` above 88.38: so
     ``sigmoid(-inf)`` is 0 and ``0 * cs`` is NaN for an infinite ``cs``, as in TF)."""
+    x = bind(x)
     big = x > const(_EXP_HI)
     x = clamp(x, _EXP_HI)
-    n = tirx.floor(x * const(_LOG2E) + const(0.5))
-    r = x - n * const(_LN2_HI) - n * const(_LN2_LO)
+    n = bind(tirx.floor(x * const(_LOG2E) + const(0.5)))
+    r = bind(x - n * const(_LN2_HI) - n * const(_LN2_LO))
     y = _horner(r, _EXP_POLY) * (r * r) + r + const(1.0)
     # n is NaN only for a NaN x (then y is NaN too): keep the int conversion defined. Both
     # comparisons are false for NaN (-> 0); ``isnan`` itself makes TVM's vectoriser run the
@@ -84,15 +91,16 @@ def exp(x):
     return tirx.Select(big, const(math.inf), y * two_n)
 
 
-def sigmoid(x):
+def sigmoid(x, bind=_same):
     """``1 / (1 + e**-x)`` for a float32 expression."""
     one = const(1.0)
-    return one / (one + exp(-x))
+    return one / (one + exp(-x, bind))
 
 
-def tanh(x):
+def tanh(x, bind=_same):
     """``tanh(x)`` for a float32 expression (Eigen's float approximation)."""
-    x2 = x * x
+    x = bind(x)
+    x2 = bind(x * x)
     tiny = tirx.all(x < const(_TANH_TINY), x > const(-_TANH_TINY))
     value = tirx.Select(tiny, x, _horner(x2, _TANH_P) * x / _horner(x2, _TANH_Q))
     one = const(1.0)

@@ -41,9 +41,10 @@ class CellConfig:
 ICF = ("i", "c", "f")
 
 
-def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf) -> dict:
+def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf, bind=lambda value: value) -> dict:
     """The input, cell-input and forget activations of one step: ``{"i": ..., "c": ...,
-    "f": ...}`` float32 expressions of the pre-activations ``pre(gate)`` (``xh @ w + b``).
+    "f": ...}`` float32 expressions of the pre-activations ``pre(gate)`` (``xh @ w + b``);
+    ``bind`` binds intermediate values to variables (see :mod:`._activations`).
 
     Callers store them (float32) before :func:`cell_forward` reads them back, so that no
     activation's expression contains another's (see :mod:`._activations`).
@@ -53,12 +54,13 @@ def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf) -> dict:
     # TF's order: (pre + forget_bias) + peephole.
     gf = pre("f") + const(cfg.forget_bias) if cfg.forget_bias != 0 else pre("f")
     gf = gf + cs_prev * wcf if peep else gf
-    return {"i": sigmoid(gi), "c": tanh(pre("c")), "f": sigmoid(gf)}
+    return {"i": sigmoid(gi, bind), "c": tanh(pre("c"), bind), "f": sigmoid(gf, bind)}
 
 
-def cell_forward(cfg: CellConfig, act, go, cs_prev, wco):
+def cell_forward(cfg: CellConfig, act, go, cs_prev, wco, bind=lambda value: value):
     """The rest of one forward step, from the stored activations ``act(gate)`` of
-    :func:`gate_activations` and the output gate's pre-activation ``go`` (float32).
+    :func:`gate_activations` and the output gate's pre-activation ``go`` (float32);
+    ``bind`` binds intermediate values to variables (see :mod:`._activations`).
 
     Returns ``(i, cs, f, o, ci, co, h)`` as float32 expressions:
     ``cs = clip(i * ci + f * cs_prev)``, ``o = sigmoid(go + cs * wco)``, ``h = o * tanh(cs)``;
@@ -69,8 +71,9 @@ def cell_forward(cfg: CellConfig, act, go, cs_prev, wco):
     bound = cell_clip_bound(cfg.cell_clip)
     if bound is not None:
         cs = clamp(cs, bound)  # a NaN cell state stays NaN, as TF's clip keeps it
-    o = sigmoid(go + cs * wco if cfg.use_peephole else go)
-    co = tanh(cs)
+    cs = bind(cs)
+    o = bind(sigmoid(go + cs * wco if cfg.use_peephole else go, bind))
+    co = bind(tanh(cs, bind))
     return i, cs, f, o, ci, co, o * co
 
 

@@ -74,13 +74,14 @@ def cell_blocks(kb, cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, 
 
     def activations(n, k):
         wci, wcf, _ = peepholes(k)
-        values = gate_activations(cfg, lambda g: pre(n, k, g), cs_prev(n, k), wci, wcf)
+        values = gate_activations(cfg, lambda g: pre(n, k, g), cs_prev(n, k), wci, wcf,
+                                  bind=T.bind)
         for g in ICF:
             T.buffer_store(acts, values[g], [n, slot[g] + k])
 
     def outputs(n, k):
         values = cell_forward(cfg, lambda g: acts[n, slot[g] + k], pre(n, k, "o"),
-                              cs_prev(n, k), peepholes(k)[2])
+                              cs_prev(n, k), peepholes(k)[2], bind=T.bind)
         for name, value in zip(("i", "cs", "f", "o", "ci", "co", "h"), values):
             T.buffer_store(buf[name], store(value, dtype), list(out_index(n, k)))
             if state and name in state:
