@@ -105,33 +105,48 @@ def _parallel_loops(stmt) -> list:
     return found
 
 
+def _versions(stmt) -> list:
+    """The statements of an ``if`` chain on the batch (the statement, or the first of a
+    sequence): each branch's then-case, and the last else-case."""
+    if isinstance(stmt, tirx.SeqStmt):
+        stmt = next(s for s in stmt.seq if isinstance(s, tirx.IfThenElse))
+    if not isinstance(stmt, tirx.IfThenElse):
+        return [stmt]
+    assert stmt.else_case is not None
+    return [stmt.then_case, *_versions(stmt.else_case)]
+
+
+def _block_names(stmt) -> set:
+    found = set()
+    tvm_ffi.structural_walk(stmt, [(SBlock, lambda node: found.add(node.name_hint))])
+    return found
+
+
 @pytest.mark.parametrize("op_name,sizes", [("BlockLSTM", (64, 512)), ("BlockLSTMGrad", (64, 128))])
-def test_each_step_runs_two_parallel_loops_in_one_launch_per_sequence(op_name, sizes):
+def test_each_step_is_one_launch_per_sequence_with_a_barrier_per_parallel_loop(op_name, sizes):
     """The recurrent GEMM (whose reduction, of 512 here, a GEMM outside the time loop would cut
     into slabs, each a parallel loop) and the gate math: one parallel loop each per step. The
     GEMM has three versions, one row per tile for a batch of 1 or 2, 4-row tiles for 3 or 4,
     8-row tiles from 5 on (the branches of an ``if`` chain on ``B``): a step runs one of them.
-    The time loop is one launch of the thread pool and each parallel loop ends in a barrier
+    The forward's batches of 1 and 2 instead run the product and the gate math in one
+    parallel loop, a chunk of units per iteration (:mod:`lstm_tvm.schedule.cpu.gate_rows`).
+    The time loop is
+    one launch of the thread pool and each parallel loop ends in a barrier
     (:mod:`lstm_tvm.schedule.cpu.team`), not a launch each."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})
     func = BUILDERS[op_name](op, "float32", *sizes, attrs, KernelVariant())
     scheduled = schedule_for(op_name, func, resolve_target())
     step = _step_block(scheduled)
-
-    def branches(stmt) -> list:
-        found = []
-        tvm_ffi.structural_walk(stmt, [(tirx.IfThenElse, found.append)])
-        return found
-
-    chain = branches(step.body)
-    assert len(chain) == 2 and all(b.else_case is not None for b in chain)
-    (last,) = [b for b in chain if not branches(b.else_case)]
-    versions = [b.then_case for b in chain] + [last.else_case]
-    assert [len(_parallel_loops(v)) for v in versions] == [1, 1, 1]
-    loops = _parallel_loops(step.body)
-    assert len(loops) == len(versions) + 1  # the versions and the gate math
-    assert all(team.BARRIER in loop.annotations for loop in loops)
+    fused = op.direction == "forward"
+    versions = _versions(step.body)  # the gate math after the GEMM's versions is in none
+    assert len(versions) == 3
+    if fused:
+        (loop,) = _parallel_loops(versions[0])  # the product and the gate math, one barrier
+        assert {"gates_few_update", "gate_act_few", "cell_few"} <= _block_names(loop)
+    assert [len(_parallel_loops(v)) for v in versions] == [1] * len(versions)
+    assert len(_parallel_loops(step.body)) == len(versions) + 1  # and the gate math
+    assert all(team.BARRIER in loop.annotations for loop in _parallel_loops(step.body))
     launches, steps = [], []
     tvm_ffi.structural_walk(scheduled.body, [(tirx.For, lambda node: launches.append(node)
                                               if team.LAUNCH_POINT in node.annotations

@@ -13,7 +13,7 @@ import pytest
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
 from lstm_tvm._tvm import Schedule, tirx
-from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
+from lstm_tvm.kernels.block_lstm import GATE_ROWS, PACK_FROM_ROWS
 from lstm_tvm.kernels.cell_grad_matmul import DOTS_BELOW
 from lstm_tvm.kernels.contract import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
                                       SINGLE_ROWS_BELOW)
@@ -48,16 +48,19 @@ def test_every_batch_size_matches_the_reference(op_name, dtype):
                                  f"{op_name}.{name} B={B}")
 
 
-@pytest.mark.parametrize("suffix", ["_rows", f"_rows{SHORT_ROWS}"])
-@pytest.mark.parametrize("op_name", ["BlockLSTMV2", "BlockLSTMGradV2", "LSTMBlockCell"])
-def test_the_small_batch_blocks_are_scheduled(op_name, suffix):
+@pytest.mark.parametrize("op_name, block", [
+    ("BlockLSTMV2", "gates_few"), ("BlockLSTMV2", f"gates_rows{SHORT_ROWS}"),
+    ("BlockLSTMGradV2", "dh_rows"), ("BlockLSTMGradV2", f"dh_rows{SHORT_ROWS}"),
+    ("LSTMBlockCell", "gates_rows"), ("LSTMBlockCell", f"gates_rows{SHORT_ROWS}")])
+def test_the_small_batch_blocks_are_scheduled(op_name, block):
+    """The small-batch versions of the per-step GEMMs (the sequence forward's batches below
+    ``GATE_ROWS_BELOW``: its gate rows, see the tests below) are tiled."""
     op = registry.get_op(op_name)
     spec = build.make_spec(op_name, "float32", 8, 16,
                            validate_attrs(op, {"use_peephole": False}), "llvm")
     failures = []
     text = build.primfunc(spec, failures).script()
     assert failures == []
-    block = ("gates" if op.direction == "forward" else "dh") + suffix
     assert f'T.sblock("{block}_init")' in text and "T.parallel" in text  # decomposed: tiled
 
 
@@ -66,9 +69,24 @@ def test_one_row_tiles_hold_four_vectors_each_vector_loop_in_one_panel(mcpu, pan
     """A one-row tile is four vectors wide (AVX-512: 64 columns, two column panels; AVX2: 32)
     and each vector loop stays inside one panel (a loop across two is a gather); checked on
     the scheduled TIR, so without the instruction set."""
-    loops = _one_row_tile_loops("BlockLSTMV2", mcpu)
+    loops = _tile_loops("BlockLSTMGradV2", mcpu, "dh_rows_update")
     assert "T.vectorized(32)" in loops[-1], loops
     assert ("T.unroll(2)" in loops[-2]) == (panels_per_tile == 2), loops
+
+
+@pytest.mark.parametrize("mcpu, columns", [("skylake-avx512", 32), ("haswell", 8)])
+def test_gate_row_tiles_hold_every_gate_of_both_rows(mcpu, columns):
+    """The sequence forward's product at batch 1 and 2 (``GATE_ROWS`` rows) holds, per row,
+    the four gates of a run of units in registers, at most half the vector registers
+    (AVX-512: 2 x 4 x 32 columns, 8 of 32 registers; AVX2: 2 x 4 x 8, 8 of 16), and runs in
+    one parallel loop with the gate math of those units (schedule/cpu/gate_rows.py)."""
+    loops = _tile_loops("BlockLSTMV2", mcpu, "gates_few_update", inner=4)
+    assert f"T.vectorized({columns})" in loops[-1], loops
+    assert "T.unroll(4)" in loops[-2] and f"T.unroll({GATE_ROWS})" in loops[-3], loops
+    sch = _schedule("BlockLSTMV2", 64)
+    (loop,) = {sch.get(sch.get_loops(sch.get_sblock(name))[0])
+               for name in ("gates_few_update", "gate_act_few", "cell_few", "state_update_few")}
+    assert loop.kind == tirx.ForKind.PARALLEL
 
 
 @pytest.mark.parametrize("mcpu, vector_loops", [("skylake-avx512", 8), ("haswell", 2)])
@@ -77,20 +95,21 @@ def test_one_row_tiles_over_a_row_major_weight_fill_the_accumulators(mcpu, vecto
     accumulators allow (AVX-512: 256 columns, eight 32-wide vector loops; AVX2: 64, two), so
     each reduction step reads a long run of a row of ``w``; the sequence kernels, whose
     weights are panels, keep four vectors (the test above)."""
-    loops = _one_row_tile_loops("LSTMBlockCell", mcpu)
+    loops = _tile_loops("LSTMBlockCell", mcpu, "gates_rows_update")
     assert "T.vectorized(32)" in loops[-1], loops
     assert f"T.unroll({vector_loops})" in loops[-2], loops
 
 
-def _one_row_tile_loops(op_name: str, mcpu: str) -> list[str]:
-    """The two innermost loops around the one-row step GEMM's update in ``op_name``'s scheduled
-    TIR (I=8, H=64) for an x86 ``mcpu``: the panel (or unrolled chunk) loop, then the vector
-    loop."""
+def _tile_loops(op_name: str, mcpu: str, block: str, inner: int = 2) -> list[str]:
+    """The ``inner`` innermost loops around ``block`` in ``op_name``'s scheduled TIR (I=8,
+    H=64) for an x86 ``mcpu``: for a one-row tile the panel (or unrolled chunk) loop, then the
+    vector loop."""
     op = registry.get_op(op_name)
-    spec = build.make_spec(op_name, "float32", 8, 64, validate_attrs(op, {}),
+    attrs = validate_attrs(op, testing.op_attrs(op_name, {"use_peephole": False}))
+    spec = build.make_spec(op_name, "float32", 8, 64, attrs,
                            {"kind": "llvm", "mcpu": mcpu})
     text = build.primfunc(spec).script()
-    return text[:text.index('T.sblock("gates_rows_update")')].splitlines()[-3:-1]
+    return text[:text.index(f'T.sblock("{block}")')].splitlines()[-inner - 1:-1]
 
 
 CELL_OPS = ["LSTMBlockCell", "LSTMBlockCellGrad"]
@@ -212,7 +231,7 @@ def _check_forward(op_name, dtype, attrs, *, T, B, steps):
 def test_a_short_sequence_reads_w_in_place():
     sch = _schedule("BlockLSTMV2", 16)
     names = {sch.get(b).name_hint for b in leaf_blocks(sch)}
-    assert {"w_panels", "xw_update", "xw_short_update", "gates_rows_short_update"} <= names
+    assert {"w_panels", "xw_update", "xw_short_update", "gates_short_few_update"} <= names
     assert "w_panels_short" not in names
     assert len(time_steps(sch)) == 2
 

@@ -10,7 +10,7 @@ from tvm.s_tir.analysis import detect_buffer_access_lca
 from ..registry import get_op
 from ._weights import pack_func_name, pack_kernel
 from .block_cell import lstm_block_cell, lstm_block_cell_grad, weight_packs as forward_packs
-from .block_lstm import block_lstm
+from .block_lstm import block_lstm, weight_packs as sequence_packs
 from .block_lstm_grad import block_lstm_grad, weight_packs as backward_packs
 from .cell_grad_matmul import cell_grad_matmul
 from .variant import KernelVariant
@@ -32,8 +32,8 @@ BUILDERS = {
 #: ``w`` (see :mod:`._weights`); the other ops read it in place.
 WEIGHT_PACKS = {
     "LSTMBlockCell": forward_packs,
-    "BlockLSTM": forward_packs,
-    "BlockLSTMV2": forward_packs,
+    "BlockLSTM": sequence_packs,
+    "BlockLSTMV2": sequence_packs,
     "BlockLSTMGrad": backward_packs,
     "BlockLSTMGradV2": backward_packs,
     "CellGradMatmul": backward_packs,

@@ -18,7 +18,7 @@ import numpy as np
 from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
-from .contract import (FUSE_GROUP, LOOP_BODY, ONE_THREAD, ONE_THREAD_BELOW, PANEL,
+from .contract import (FUSE_GROUP, GATE_ROW, LOOP_BODY, ONE_THREAD, ONE_THREAD_BELOW, PANEL,
                        ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW, STEP_BLOCK, TIME_STEP,
                        TRANSPOSE_TILE, GemmBlock)
 from .tir_analysis import divides, gemm_operand, is_static
@@ -179,7 +179,7 @@ class KernelBuilder:
         return buf
 
     def panels(self, name: str, rows: int, cols: int, value: Callable, scratch=None,
-               transpose: bool = False):
+               transpose: bool = False, panel: int = PANEL):
         """Float32 scratch holding ``value(r, c)`` for ``r < rows, c < cols`` (block ``name``),
         and its accessor ``(r, c) -> load``, for a GEMM's right operand (``r`` the reduction
         index).
@@ -196,6 +196,9 @@ class KernelBuilder:
         speeds up a sequence forward's recurrent weights at B=1: docs/performance.md,
         "Earlier figures moved here from code comments").
 
+        ``panel``: panels of another width (a multiple of :data:`PANEL`), copied panel by
+        panel, whatever the other options.
+
         ``transpose``: ``value`` reads contiguous memory along ``r``, not ``c`` (the panels of
         a transposed matrix). The block then walks tiles of :data:`TRANSPOSE_TILE` rows of one
         panel, ``r`` innermost: it reads whole cache lines of the source and writes each tile
@@ -203,9 +206,12 @@ class KernelBuilder:
         source apart, often a multiple of 4 KiB: those of one tile would all fall in one set
         of the L1 cache and evict each other (docs/performance.md, "transposed weights").
         """
-        shape, at = panel_layout(rows, cols)
+        shape, at = panel_layout(rows, cols, panel)
         buf = self.temp(name, shape) if scratch is None else scratch
-        if (transpose and not cols % PANEL and isinstance(rows, int)
+        if panel != PANEL:
+            self.spatial(name, (cols // panel, rows, panel), lambda p, r, c: T.buffer_store(
+                buf, value(r, p * panel + c), [p, r, c]))
+        elif (transpose and not cols % PANEL and isinstance(rows, int)
                 and not rows % TRANSPOSE_TILE):
             tile = TRANSPOSE_TILE
 
@@ -328,7 +334,7 @@ class KernelBuilder:
                 self.rest_view(out))
 
     def step_gemm(self, name: str, out, views, M, N, K, a: Callable, b: Callable,
-                  init: Callable | None = None) -> None:
+                  init: Callable | None = None, single_rows: bool = True) -> None:
         """A :meth:`gemm` into ``out`` (``(padded(M), N)``) inside a time step over ``M`` batch
         rows, in a version chosen by ``M`` (CPU form): below :data:`SINGLE_ROWS_BELOW` rows
         (one stream or two) block ``<name>_rows`` computes exactly ``M`` rows, one per tile;
@@ -336,9 +342,13 @@ class KernelBuilder:
         ``padded(M, SHORT_ROWS)``; else block ``name`` computes ``padded(M)`` rows (8x the
         arithmetic of the step at B = 1, 2x at B = 4). ``views`` are :meth:`step_views` of
         ``out``: through them each block is the only writer of its buffer, as reductions must
-        be. A constant ``M`` (tuning tasks) emits only the block it takes."""
+        be. A constant ``M`` (tuning tasks) emits only the block it takes. Without
+        ``single_rows`` (a caller that runs fewer rows by other means) the one-row-tile
+        version is left out."""
         versions = [(SINGLE_ROWS_BELOW, f"{name}_rows", views[0], 1),
                     (SHORT_ROWS + 1, f"{name}_rows{SHORT_ROWS}", views[1], SHORT_ROWS)]
+        if not single_rows:
+            versions = versions[1:]
         if not self.cpu:
             versions = []
 
@@ -360,6 +370,20 @@ class KernelBuilder:
                     emit(i + 1)
 
         emit(0)
+
+    def gate_rows(self, name: str, out, M: int, N, K, a: Callable, b: Callable,
+                  init: Callable, group: str) -> None:
+        """A time step's product of ``M`` (a constant) rows, ``out[m, j] = init(m, j) + sum
+        over k of a(m, k) * b(k, j)`` (``out`` a view of ``M`` rows), whose ``N = 4H`` columns
+        are the four gates of ``H`` units, read by the gate math blocks of fusion ``group``
+        (emitted next, in this version): block ``name`` marked :data:`GATE_ROW` so that a
+        schedule may run each chunk of units' gates in the group's loop (see
+        ``schedule/cpu/gate_rows.py``). The gate math must not write what the product reads
+        (a double-buffered state): threads finish their chunks of the step at different
+        times."""
+        self.reduction(name, out, (M, N), (K,), lambda m, j: (m, j),
+                       lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init,
+                       annotations={GATE_ROW: self._versioned(group)})
 
     def spatial(self, name: str, extents: Sequence, body: Callable,
                 group: str | None = None) -> None:
@@ -386,8 +410,10 @@ class KernelBuilder:
                 body(*axes)
 
     def reduction(self, name: str, out, spatial_extents: Sequence, reduce_extents: Sequence,
-                  index: Callable, term: Callable, init: Callable | None = None) -> None:
-        """``out[index(s)] = init(s) + sum over r of term(s, r)``, as one reduction block.
+                  index: Callable, term: Callable, init: Callable | None = None,
+                  annotations: dict | None = None) -> None:
+        """``out[index(s)] = init(s) + sum over r of term(s, r)``, as one reduction block
+        (annotated with ``annotations``).
 
         ``s`` are the spatial block vars, ``r`` the reduction ones; ``init`` defaults to 0.
         """
@@ -397,7 +423,7 @@ class KernelBuilder:
             with T.sblock(self._versioned(name)):
                 axes = T.axis.remap("S" * n_s + "R" * len(reduce_extents), list(loops))
                 axes = _as_list(axes)
-                self._annotate({})
+                self._annotate(annotations or {})
                 s, r = list(axes[:n_s]), list(axes[n_s:])
                 idx = list(index(*s))
                 with T.init():
@@ -471,12 +497,12 @@ def flat(buffer, rows, first=0, name: str | None = None):
     return view
 
 
-def panel_layout(rows: int, cols: int):
-    """The shape of ``panels``' buffer for a ``(rows, cols)`` matrix, and its index map
-    ``(r, c) -> index``."""
-    if cols % PANEL:
+def panel_layout(rows: int, cols: int, panel: int = PANEL):
+    """The shape of ``panels``' buffer for a ``(rows, cols)`` matrix in panels ``panel``
+    columns wide, and its index map ``(r, c) -> index``."""
+    if cols % panel:
         return (rows, cols), lambda r, c: (r, c)
-    return (cols // PANEL, rows, PANEL), lambda r, c: (c // PANEL, r, c % PANEL)
+    return (cols // panel, rows, panel), lambda r, c: (c // panel, r, c % panel)
 
 
 def padded(rows, multiple: int = ROW_TILE):

@@ -18,6 +18,7 @@ from ..registry import OpSpec
 from ._builder import KernelBuilder, panel_layout, sizes_of
 from .variant import KernelVariant
 from ._gates import ACC, f32
+from .contract import PANEL
 
 __all__ = ["WeightPack", "pack_func_name", "pack_kernel", "weight_panels"]
 
@@ -25,19 +26,20 @@ __all__ = ["WeightPack", "pack_func_name", "pack_kernel", "weight_panels"]
 @dataclasses.dataclass(frozen=True)
 class WeightPack:
     """One float32 matrix of panels made from ``w``: ``value(w, r, c)`` for ``r < rows``,
-    ``c < cols`` (``r`` the reduction index of the GEMM that reads it); ``transpose`` as for
-    :meth:`~._builder.KernelBuilder.panels`."""
+    ``c < cols`` (``r`` the reduction index of the GEMM that reads it); ``transpose`` and
+    ``panel`` (the panels' width) as for :meth:`~._builder.KernelBuilder.panels`."""
 
     name: str
     rows: int
     cols: int
     value: Callable
     transpose: bool = False
+    panel: int = PANEL
 
     @property
     def shape(self) -> tuple:
         """The parameter's shape: :meth:`~._builder.KernelBuilder.panels`' layout."""
-        return panel_layout(self.rows, self.cols)[0]
+        return panel_layout(self.rows, self.cols, self.panel)[0]
 
 
 def weight_panels(kb: KernelBuilder, buf: dict, pack: WeightPack):
@@ -45,10 +47,11 @@ def weight_panels(kb: KernelBuilder, buf: dict, pack: WeightPack):
     when ``kb`` builds a prepacked kernel, else panels copied from ``buf["w"]`` here (block
     ``pack.name``)."""
     if kb.prepacked:
-        param, at = buf[pack.name], panel_layout(pack.rows, pack.cols)[1]
+        param, at = buf[pack.name], panel_layout(pack.rows, pack.cols, pack.panel)[1]
         return lambda r, c: param[at(r, c)]
     return kb.panels(pack.name, pack.rows, pack.cols,
-                     lambda r, c: f32(pack.value(buf["w"], r, c)), transpose=pack.transpose)
+                     lambda r, c: f32(pack.value(buf["w"], r, c)), transpose=pack.transpose,
+                     panel=pack.panel)
 
 
 def pack_func_name(op_name: str, dtype: str) -> str:
@@ -72,5 +75,5 @@ def pack_kernel(op: OpSpec, dtype: str, input_size: int, cell_size: int,
             for pack, param in zip(packs, params):
                 kb.panels(pack.name, pack.rows, pack.cols,
                           lambda r, c, pack=pack: f32(pack.value(w, r, c)), scratch=param,
-                          transpose=pack.transpose)
+                          transpose=pack.transpose, panel=pack.panel)
     return kb.get()

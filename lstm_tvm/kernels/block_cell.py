@@ -62,8 +62,9 @@ def cell_blocks(kb, cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, 
     output gate, and every output ``i, cs, f, o, ci, co, h`` stored at ``out_index(n, k)``).
 
     ``pre(n, k, gate)`` is a gate's float32 pre-activation, ``cs_prev(n, k)`` the previous
-    cell state (float32); ``state`` maps ``"cs"``/``"h"`` to float32 ``(B, H)`` buffers that
-    also receive the unrounded values (the sequence kernels carry their state in them).
+    cell state (float32); ``state`` maps ``"cs"``/``"h"`` to a float32 buffer and its index
+    ``(n, k) -> indices`` that also receive the unrounded values (the sequence kernels carry
+    their state in them).
     Both blocks are in fusion group ``"cell"`` (see ``kb.spatial``).
     """
     B, H = acts.shape[0], acts.shape[1] // len(ICF)
@@ -85,7 +86,8 @@ def cell_blocks(kb, cfg: CellConfig, buf: dict, dtype: str, acts, pre, cs_prev, 
         for name, value in zip(("i", "cs", "f", "o", "ci", "co", "h"), values):
             T.buffer_store(buf[name], store(value, dtype), list(out_index(n, k)))
             if state and name in state:
-                T.buffer_store(state[name], value, [n, k])
+                buffer, index = state[name]
+                T.buffer_store(buffer, value, list(index(n, k)))
 
     kb.spatial("gate_act", (B, H), activations, group="cell")
     kb.spatial("cell", (B, H), outputs, group="cell")

@@ -6,10 +6,13 @@ is copied once into float32 column panels, block ``w_panels``, see ``kb.panels``
 the version for fewer than :data:`PACK_FROM_ROWS` rows, blocks ``<name>_short``). The time
 loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block
 ``gates``) and the fused gate math (blocks ``gate_act`` and ``cell``, which also writes the
-next float32 state; block ``state_update`` moves the new cell state in place). The state stays
-in float32 between steps, unrounded even for float16 outputs (TF feeds back rounded values;
-lstm_tvm is more accurate). Steps ``t >= seq_len_max`` are zero in every output (block
-``pad``).
+next float32 state; block ``state_update`` moves the new cell state in place). Batches below
+:data:`GATE_ROWS_BELOW` run the product and the gate math a chunk of units at a time (blocks
+``<name>_few``, see ``kb.gate_rows``; a prepacked kernel's product then reads ``w_units``,
+see :func:`weight_packs`). The state stays in float32 between steps, unrounded even for
+float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate); ``h`` in two slots
+on CPUs, one read and one written each step. Steps ``t >= seq_len_max`` are zero in every
+output (block ``pad``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
 from ._builder import T, flat, kernel, padded, zero
-from .contract import ROW_TILE
+from .contract import GATES, PANEL, ROW_TILE
 from .tir_analysis import is_static
 from ._gates import ACC, CellConfig, f32, gate_offsets
-from ._weights import weight_panels
-from .block_cell import activation_scratch, cell_blocks, weight_packs
+from ._weights import WeightPack, weight_panels
+from .block_cell import activation_scratch, cell_blocks, weight_packs as cell_packs
 from .variant import KernelVariant
 
 #: The forward outputs, all (T, B, H).
@@ -30,6 +33,37 @@ OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
 #: (2 MiB at I=H=256) costs more than the panels save over so few rows (I=H=256 on a Zen 5:
 #: T=1 B=1 2.0x, T=8 B=1 1.25x, T=1 B=8 1.6x; T=16 B=1 0.96, T=8 B=8 0.86; docs/performance.md).
 PACK_FROM_ROWS = 16
+#: Batches below this run their time steps' product with the gate math, a chunk of units at a
+#: time (``kb.gate_rows``), in a version of their own: the product's rows then share each pass
+#: over ``W_h``. The product runs over ``GATE_ROWS`` rows, the rows past ``B`` being padding
+#: (one version, not one per batch: each version is a copy of the gate math to compile).
+GATE_ROWS_BELOW = 3
+GATE_ROWS = GATE_ROWS_BELOW - 1
+
+
+def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
+    """The panels of :func:`~.block_cell.weight_packs` and, where ``PANEL`` divides ``H``,
+    the recurrent rows again in panels of unit chunks (``w_units``): panel ``u`` holds the four
+    gates of units ``u * PANEL ..`` side by side, so that a one-row step streams each chunk's
+    weights as one contiguous run (see ``kb.gate_rows``)."""
+    I, H = input_size, cell_size
+    packs = cell_packs(I, H)
+    if H % PANEL:
+        return packs
+    return (*packs, WeightPack("w_units", H, GATES * H,
+                               lambda w, k, c: w[I + k, _unit_column(c, H)],
+                               panel=GATES * PANEL))
+
+
+def _unit_column(c, H):
+    """The column of ``w`` that column ``c`` of ``w_units`` holds."""
+    chunk, rest = c // (GATES * PANEL), c % (GATES * PANEL)
+    return rest // PANEL * H + chunk * PANEL + rest % PANEL
+
+
+def _units_at(param, H):
+    """The accessor ``(k, j) -> load`` of ``w_units`` by ``w``'s column ``j``."""
+    return lambda k, j: param[(j % H) // PANEL, k, (j // H) * PANEL + j % PANEL]
 
 
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
@@ -74,7 +108,7 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
     x = flat(buf["x"], Tn * B)
     rows = Tn * B if packed else PACK_FROM_ROWS  # the short version's rows are fewer
     xw = kb.temp("xw", (rows + ROW_TILE, G))
-    gates, h_state = kb.temp("gates", (padded(B), G)), kb.temp("h_state", (padded(B), H))
+    gates = kb.temp("gates", (padded(B), G))
     cs_state, cs_next = kb.temp("cs_state", (B, H)), kb.temp("cs_next", (B, H))
     acts = activation_scratch(kb, B, H)
     w = (weight_panels(kb, buf, weight_packs(I, H)[0]) if packed
@@ -97,18 +131,29 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
             return x[m, k]
     kb.gemm("xw", xw, L * B, G, I, row, w, init=lambda m, j: f32(buf["b"][j]))
 
+    # The h state in two slots on CPUs, one read and one written each step (the threads of a
+    # gate-rows step run its product and gate math without a barrier between: see
+    # ``kb.gate_rows``).
+    slots = 2 if kb.cpu else 1
+    h_state = kb.temp("h_state", (slots * padded(B), H))
+
     def init_state(n, k):
         T.buffer_store(h_state, f32(buf["h_prev"][n, k]), [n, k])
         T.buffer_store(cs_state, f32(buf["cs_prev"][n, k]), [n, k])
 
+    def pad_state(n, k):
+        for slot in range(slots):
+            T.buffer_store(h_state, zero(), [slot * padded(B) + B + n, k])
+
     def state_blocks():
         kb.spatial("state_init", (B, H), init_state)
-        kb.spatial("state_pad", (padded(B) - B, H), lambda n, k: T.buffer_store(
-            h_state, zero(), [B + n, k]))
+        kb.spatial("state_pad", (padded(B) - B, H), pad_state)
 
     kb.by_work(padded(B) * H, state_blocks)
     gates_views = kb.step_views(gates, B)
+    gate_row_view = flat(gates, GATE_ROWS, name="gates_few")
     with kb.time_loop(L, Tn) as vt:
+        now, nxt = ((vt % 2) * padded(B), (vt + 1) % 2 * padded(B)) if kb.cpu else (0, 0)
         if kb.cpu:
             init, pre = (lambda n, j: xw[vt * B + n, j]), (lambda n, k, g: gates[n, off[g] + k])
         else:
@@ -118,11 +163,39 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
 
             def pre(n, k, g):
                 return gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
-        kb.step_gemm("gates", gates, gates_views, B, G, H, lambda n, k: h_state[n, k],
-                     lambda k, j: w(I + k, j), init=init)
-        cell_blocks(kb, cfg, buf, dtype, acts, pre,
-                    lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
-                    state={"h": h_state, "cs": cs_next})
-        kb.spatial("state_update", (B, H), lambda n, k: T.buffer_store(
-            cs_state, cs_next[n, k], [n, k]), group="cell")
 
+        def h(n, k):
+            return h_state[now + n, k]
+
+        def w_h(k, j):
+            return w(I + k, j)
+
+        def step(product):
+            product()
+            cell_blocks(kb, cfg, buf, dtype, acts, pre,
+                        lambda n, k: cs_state[n, k], lambda n, k: (vt, n, k),
+                        state={"h": (h_state, lambda n, k: (nxt + n, k)),
+                               "cs": (cs_next, lambda n, k: (n, k))})
+            kb.spatial("state_update", (B, H), lambda n, k: T.buffer_store(
+                cs_state, cs_next[n, k], [n, k]), group="cell")
+
+        def gate_rows():
+            w_units = (_units_at(buf["w_units"], H) if kb.prepacked and "w_units" in buf
+                       else w_h)
+            step(lambda: kb.gate_rows("gates", gate_row_view, GATE_ROWS, G, H, h, w_units,
+                                      init, group="cell"))
+
+        def more_rows():
+            step(lambda: kb.step_gemm("gates", gates, gates_views, B, G, H, h, w_h, init=init,
+                                      single_rows=False))
+
+        if not kb.cpu:
+            more_rows()
+        elif is_static(B):
+            gate_rows() if int(B) < GATE_ROWS_BELOW else more_rows()
+        else:
+            with T.If(B < GATE_ROWS_BELOW):
+                with T.Then(), kb.version("_few"):
+                    gate_rows()
+                with T.Else():
+                    more_rows()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["FUSE_GROUP", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW",
-           "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP",
-           "TRANSPOSE_TILE"]
+__all__ = ["FUSE_GROUP", "GATES", "GATE_ROW", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD",
+           "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW",
+           "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_TILE"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (``padded``), so a schedule can tile rows without bounds
@@ -24,6 +24,13 @@ PANEL = 32
 TRANSPOSE_TILE = 32
 #: Block annotation of ``KernelBuilder.spatial`` blocks in a fusion group (see there).
 FUSE_GROUP = "lstm_tvm.fuse_group"
+#: Block annotation of a product of a few rows inside a time step whose ``4H`` columns are the
+#: four gates of ``H`` units (``KernelBuilder.gate_rows``); its value names the fusion group of
+#: the gate math that reads it. A schedule may compute each chunk of units' four gates in the
+#: iteration of the group's loop that reads them, so a step needs one barrier, not two.
+GATE_ROW = "lstm_tvm.gate_row"
+#: Gates per unit: a step's product has ``GATES`` blocks of ``H`` columns.
+GATES = 4
 #: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
 #: zero past the last row up to this multiple, so a schedule may block the reduction by any
 #: divisor of it without bounds checks.

@@ -4,10 +4,13 @@ Each rule (one per file) takes a block, a schedule and the target's
 :class:`~lstm_tvm.schedule.traits.CpuTraits` and schedules the block, or returns None where it
 does not apply; the first that applies wins (as TVM's ``s_tir.dlight`` rules do):
 
+- :mod:`.gate_rows`: a sequence step's product of one or two rows and the gate math that
+  reads it, tiled by chunks of units;
 - :mod:`.gemm`: GEMM blocks, register-tiled to the target's vector registers;
 - :mod:`.elementwise`: sums and elementwise blocks, parallel outside and vectorised inside.
 
-Then :mod:`.fusion` runs each fusion group's blocks in one parallel loop, and :mod:`.team`
+Then :mod:`.gate_rows` joins those products' loops with their gate math's, :mod:`.fusion`
+runs each other fusion group's blocks in one parallel loop, and :mod:`.team`
 makes a sequence kernel's time loop one launch of the thread pool. A tuning record of a
 block (its trace) is tried before the rules. A block nothing applies to keeps its plain loops:
 still correct, only slower.
@@ -22,7 +25,7 @@ from tvm.s_tir.schedule import Trace
 from ..._tvm import Schedule
 from ..blocks import leaf_blocks
 from ..traits import cpu_traits
-from . import elementwise, gemm
+from . import elementwise, gate_rows, gemm
 from .fusion import merge_groups
 from .gemm import AVX512, K_UNROLL, GemmTile, apply_gemm, default_tile
 from .team import launch_per_sequence
@@ -30,7 +33,7 @@ from .team import launch_per_sequence
 log = logging.getLogger(__name__)
 
 #: The rules, tried in order on every block.
-RULES = (gemm.rule, elementwise.rule)
+RULES = (gate_rows.rule, gemm.rule, elementwise.rule)
 
 
 def schedule_cpu(op_name: str, func, target, failures: list | None = None,
@@ -62,7 +65,8 @@ def schedule_cpu(op_name: str, func, target, failures: list | None = None,
             else:
                 sch = trial
                 break
-    return launch_per_sequence(merge_groups(sch, op_name)).mod["main"]
+    return launch_per_sequence(merge_groups(gate_rows.merge_gate_rows(sch, op_name, failures),
+                                            op_name)).mod["main"]
 
 
 def _apply_rules(sch: Schedule, block, traits) -> None:

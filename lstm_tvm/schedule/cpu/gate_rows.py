@@ -1,0 +1,137 @@
+"""Products of a few rows computed where their gate math runs: one barrier per step.
+
+At batch 1 or 2 a sequence step is a product of a few rows (``h @ W_h``, ``4H`` columns: the
+four gates of ``H`` units) and the gate math of the ``H`` units. Run as two parallel loops, a
+step costs two barriers of the thread pool, and each thread's gate math reads gates that
+another thread computed. A block marked ``GATE_ROW`` (``KernelBuilder.gate_rows``) is instead
+tiled by chunks of units: iteration ``u`` of its outer loop computes the four gates of every
+row for the units that iteration ``u`` of the gate math's loop reads, and the two loops become
+one. Each thread then streams its own slice of ``W_h`` once a step for all rows, reads only
+gates it computed, and the step ends with the one barrier that the next step's product needs
+(the state it reads is double-buffered by the kernel, so no thread overwrites what another
+still reads).
+
+:func:`rule` tiles the product (each row's four gate vectors accumulated over the whole
+reduction in registers) and the gate math's blocks (unit chunk outermost);
+:func:`merge_gate_rows` joins their loops. Where they cannot be joined, each runs in a
+parallel loop of its own: correct, with a barrier more.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..._tvm import Schedule
+from ...kernels.contract import GATE_ROW, GATES
+from ...kernels.tir_analysis import divides, is_static
+from ..blocks import fusion_group, leaf_blocks
+from ..traits import CpuTraits
+from .gemm import K_UNROLL
+from .loop_facts import block_loops, column_chunk
+
+log = logging.getLogger(__name__)
+
+
+def rule(sch: Schedule, block, traits: CpuTraits) -> bool | None:
+    """Tile a ``GATE_ROW`` block by unit chunks (the chunk :func:`~.loop_facts.column_chunk`
+    gives its ``H``), and the blocks of the fusion group it names (unit chunks outermost, then
+    the rows); None for other blocks and where the sizes do not divide. The unit chunk loops
+    are left serial for :func:`merge_gate_rows`."""
+    if GATE_ROW in sch.get(block).annotations:
+        return _product(sch, block, traits)
+    group = fusion_group(sch, block)
+    if group is None or group not in _tiled_groups(sch, traits):
+        return None
+    loops = block_loops(sch, block)
+    if loops is None or len(loops.spatial) != 2 or loops.reduce:
+        return None
+    chunk = column_chunk(loops.extents[1])
+    if chunk is None:
+        return None
+    n, k = loops.spatial
+    k_o, k_i = sch.split(k, [None, chunk])
+    sch.reorder(k_o, n, k_i)
+    sch.vectorize(k_i)
+    return True
+
+
+def _tile(sch: Schedule, block, traits: CpuTraits) -> tuple | None:
+    """``(rows, units, chunk, cols)`` of a ``GATE_ROW`` block: its rows, the units ``H``, the
+    unit chunk and the columns of a gate that a register tile holds; None where it does not
+    tile."""
+    loops = block_loops(sch, block)
+    if loops is None or len(loops.spatial) != 2 or len(loops.reduce) != 1:
+        return None
+    m_extent, n_extent = loops.extents
+    if not (is_static(m_extent) and is_static(n_extent)) or int(n_extent) % GATES:
+        return None
+    rows, units = int(m_extent), int(n_extent) // GATES
+    chunk = column_chunk(units)
+    if chunk is None:
+        return None
+    # Every row's four gates of ``cols`` columns in registers, at most half the vector
+    # registers (the rest hold the loads and the broadcast elements): one row takes 4x32
+    # with AVX-512, 4x16 with AVX2 and NEON.
+    cols = next((c for c in (chunk, chunk // 2, chunk // 4, chunk // 8)
+                 if c and chunk % c == 0 and rows * GATES * c <= traits.accumulators), None)
+    return None if cols is None else (rows, units, chunk, cols)
+
+
+def _product(sch: Schedule, block, traits: CpuTraits) -> bool | None:
+    tile = _tile(sch, block, traits)
+    if tile is None:
+        return None
+    _, units, chunk, cols = tile
+    loops = block_loops(sch, block)
+    m, n = loops.spatial
+    k = loops.reduce[0]
+    g, u, part, c = sch.split(n, [GATES, units // chunk, chunk // cols, cols])
+    k_i = None
+    if divides(K_UNROLL, sch.get(k).extent):
+        k, k_i = sch.split(k, [None, K_UNROLL])
+    sch.reorder(u, part, k, *([k_i] if k_i is not None else []), m, g, c)
+    if k_i is not None:
+        sch.unroll(k_i)
+    sch.unroll(m)
+    sch.unroll(g)
+    sch.vectorize(c)
+    return True
+
+
+def _tiled_groups(sch: Schedule, traits: CpuTraits) -> set:
+    """The fusion groups named by ``GATE_ROW`` blocks that :func:`rule` tiles."""
+    return {str(sch.get(b).annotations[GATE_ROW]) for b in leaf_blocks(sch)
+            if GATE_ROW in sch.get(b).annotations and _tile(sch, b, traits) is not None}
+
+
+def merge_gate_rows(sch: Schedule, op_name: str, failures: list | None = None) -> Schedule:
+    """Join each ``GATE_ROW`` block's unit chunk loop with those of its fusion group's blocks
+    (all tiled by :func:`rule`) into one parallel loop; where that fails (the block's name
+    and the error appended to ``failures``), each is made a parallel loop of its own. Blocks
+    tiled otherwise are left as they are."""
+    for name in [sch.get(b).name_hint for b in leaf_blocks(sch)
+                 if GATE_ROW in sch.get(b).annotations]:
+        block = sch.get_sblock(name)
+        if sch.get(block).init is None:
+            continue  # decomposed: scheduled by another rule
+        group = str(sch.get(block).annotations[GATE_ROW])
+        members = [sch.get(b).name_hint for b in leaf_blocks(sch)
+                   if fusion_group(sch, b) == group]
+        outer = [lambda s: s.get_loops(s.get_sblock(name))[0]]
+        outer += [lambda s, b=b: s.get_loops(s.get_sblock(b))[-3] for b in members]
+        trial = sch.copy()
+        try:
+            trial.parallel(trial.merge(*[loop(trial) for loop in outer]))
+        except Exception as err:  # noqa: BLE001 (fall back to a parallel loop each)
+            log.warning("lstm_tvm: %s: joining %s with its gate math failed: %s", op_name,
+                        name, str(err).splitlines()[-1][:200])
+            if failures is not None:
+                failures.append((name, err))
+            for loop in outer:
+                sch.parallel(loop(sch))
+        else:
+            sch = trial
+        # Decomposed after the loop is made parallel: a parallel loop's blocks must each be
+        # the only writer of what they write.
+        sch.decompose_reduction(sch.get_sblock(name), sch.get_loops(sch.get_sblock(name))[2])
+    return sch
