@@ -245,7 +245,9 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
     once per chunk of rows it reduces over: their space never cuts the reduction, and records
     of the same GEMM outside such a loop do not apply to them."""
     short = f"_rows{SHORT_ROWS}"
-    gates = {"gates", "gates_rows", "gates" + short}
+    # the forward's product below 3 rows (block gates_few) runs with its gate math, a chunk
+    # of units at a time: not a tuning task
+    gates = {"gates", "gates" + short}
     # a forward of fewer than PACK_FROM_ROWS rows runs a version of its own (w read in place),
     # which tuning tasks, cut at fixed sizes, leave out at any size: 4 steps of one row too
     assert 4 * 1 < PACK_FROM_ROWS
