@@ -270,6 +270,28 @@ def test_a_constant_w_is_packed_once_per_kernel(library, exports, fwd_name, dtyp
     assert native.prepacked_count(library) == packed + PREPACKED_PAIR[fwd_name]
 
 
+def test_a_constant_w_packs_every_panel_of_a_wide_forward(library, tmp_path):
+    """Where 32 divides ``H`` the sequence forward's prepacked kernel takes two panels (the
+    column panels and ``w_units``, read at batch 1 and 2): the session packs both from the
+    initializer; batches 1-3 against the reference."""
+    cell = 64
+    export(tmp_path / "wide", ["BlockLSTMV2", "BlockLSTMGradV2"], dtype="float32",
+           input_size=I, cell_size=cell, attrs=PEEPHOLE, onnx=False, progress=False)
+    w = testing.make_inputs("BlockLSTMV2", B=1, I=I, H=cell, T=1, seed=20)["w"]
+    model = lo.make_forward_backward_model("BlockLSTMV2", "float32", input_size=I,
+                                           cell_size=cell, attrs=PEEPHOLE,
+                                           with_functions=False, initializers={"w": w})
+    session = open_session(model, "native", exports=[tmp_path / "wide"], library=library)
+    fwd = OPS["BlockLSTMV2"]
+    for batch in (1, 2, 3):
+        inputs = {**testing.make_inputs("BlockLSTMGradV2", B=batch, I=I, H=cell, T=T,
+                                        attrs=PEEPHOLE, seed=batch), "w": w}
+        out = run_session(session, inputs, align=True)
+        ref = reference.run(fwd.name, {k: inputs[k] for k in fwd.input_names}, PEEPHOLE)
+        for name in fwd.output_names:
+            testing.assert_close(out[name], ref[name], "float32", f"{name} B={batch}")
+
+
 if __name__ == "__main__":
     import sys
 
