@@ -130,8 +130,7 @@ def test_each_step_is_one_launch_per_sequence_with_a_barrier_per_parallel_loop(o
     8-row tiles from 5 on (the branches of an ``if`` chain on ``B``): a step runs one of them.
     The forward's batches of 1 and 2 instead run the product and the gate math in one
     parallel loop, a chunk of units per iteration (:mod:`lstm_tvm.schedule.cpu.gate_rows`).
-    The time loop is
-    one launch of the thread pool and each parallel loop ends in a barrier
+    The time loop is one launch of the thread pool and each parallel loop ends in a barrier
     (:mod:`lstm_tvm.schedule.cpu.team`), not a launch each."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})

@@ -68,11 +68,12 @@ def _horner(x, coeffs):
     return acc
 
 
-def _same(value):
+def unbound(value):
+    """``value`` itself: the default ``bind`` of the activations (nothing bound)."""
     return value
 
 
-def exp(x, bind=_same):
+def exp(x, bind=unbound):
     """``e**x`` for a float32 expression (0 below -88.38, ``inf`` above 88.38: so
     ``sigmoid(-inf)`` is 0 and ``0 * cs`` is NaN for an infinite ``cs``, as in TF)."""
     x = bind(x)
@@ -91,13 +92,13 @@ def exp(x, bind=_same):
     return tirx.Select(big, const(math.inf), y * two_n)
 
 
-def sigmoid(x, bind=_same):
+def sigmoid(x, bind=unbound):
     """``1 / (1 + e**-x)`` for a float32 expression."""
     one = const(1.0)
     return one / (one + exp(-x, bind))
 
 
-def tanh(x, bind=_same):
+def tanh(x, bind=unbound):
     """``tanh(x)`` for a float32 expression (Eigen's float approximation)."""
     x = bind(x)
     x2 = bind(x * x)

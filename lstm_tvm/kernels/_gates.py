@@ -10,7 +10,7 @@ import dataclasses
 
 from .._tvm import tirx
 from ..validation import cell_clip_bound
-from ._activations import ACC, clamp, const, sigmoid, tanh
+from ._activations import ACC, clamp, const, sigmoid, tanh, unbound
 
 
 def f32(value):
@@ -41,7 +41,7 @@ class CellConfig:
 ICF = ("i", "c", "f")
 
 
-def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf, bind=lambda value: value) -> dict:
+def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf, bind=unbound) -> dict:
     """The input, cell-input and forget activations of one step: ``{"i": ..., "c": ...,
     "f": ...}`` float32 expressions of the pre-activations ``pre(gate)`` (``xh @ w + b``);
     ``bind`` binds intermediate values to variables (see :mod:`._activations`).
@@ -57,7 +57,7 @@ def gate_activations(cfg: CellConfig, pre, cs_prev, wci, wcf, bind=lambda value:
     return {"i": sigmoid(gi, bind), "c": tanh(pre("c"), bind), "f": sigmoid(gf, bind)}
 
 
-def cell_forward(cfg: CellConfig, act, go, cs_prev, wco, bind=lambda value: value):
+def cell_forward(cfg: CellConfig, act, go, cs_prev, wco, bind=unbound):
     """The rest of one forward step, from the stored activations ``act(gate)`` of
     :func:`gate_activations` and the output gate's pre-activation ``go`` (float32);
     ``bind`` binds intermediate values to variables (see :mod:`._activations`).

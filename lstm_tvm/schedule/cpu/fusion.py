@@ -16,8 +16,8 @@ def merge_groups(sch: Schedule, op_name: str) -> Schedule:
     one serial loop where they are marked to run on one thread; the outer loop of a grouped
     block is left serial by :mod:`.elementwise` for this."""
     # A block already inside a parallel loop (see .gate_rows) is not regrouped.
-    runs = fusion_runs(sch, lambda s, loops: all(s.get(lp).kind != tirx.ForKind.PARALLEL
-                                                 for lp in loops))
+    runs = fusion_runs(sch, lambda s, loops: s.get(loops[-2]).kind == tirx.ForKind.SERIAL
+                       and all(s.get(lp).kind != tirx.ForKind.PARALLEL for lp in loops))
 
     def outer_loop(s, name):
         return s.get_loops(s.get_sblock(name))[-2]

@@ -31,6 +31,11 @@ from .loop_facts import block_loops, column_chunk
 
 log = logging.getLogger(__name__)
 
+#: Where :func:`rule` leaves the loops :func:`merge_gate_rows` works on: a product's reduction
+#: loop (after the unit chunk and the part of it), a gate math block's unit chunk loop (before
+#: the rows and the vector).
+_PRODUCT_K, _MEMBER_CHUNK = 2, -3
+
 
 def rule(sch: Schedule, block, traits: CpuTraits) -> bool | None:
     """Tile a ``GATE_ROW`` block by unit chunks (the chunk :func:`~.loop_facts.column_chunk`
@@ -118,7 +123,7 @@ def merge_gate_rows(sch: Schedule, op_name: str, failures: list | None = None) -
         members = [sch.get(b).name_hint for b in leaf_blocks(sch)
                    if fusion_group(sch, b) == group]
         outer = [lambda s: s.get_loops(s.get_sblock(name))[0]]
-        outer += [lambda s, b=b: s.get_loops(s.get_sblock(b))[-3] for b in members]
+        outer += [lambda s, b=b: s.get_loops(s.get_sblock(b))[_MEMBER_CHUNK] for b in members]
         trial = sch.copy()
         try:
             trial.parallel(trial.merge(*[loop(trial) for loop in outer]))
@@ -133,5 +138,6 @@ def merge_gate_rows(sch: Schedule, op_name: str, failures: list | None = None) -
             sch = trial
         # Decomposed after the loop is made parallel: a parallel loop's blocks must each be
         # the only writer of what they write.
-        sch.decompose_reduction(sch.get_sblock(name), sch.get_loops(sch.get_sblock(name))[2])
+        sch.decompose_reduction(sch.get_sblock(name),
+                                 sch.get_loops(sch.get_sblock(name))[_PRODUCT_K])
     return sch
