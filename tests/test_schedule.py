@@ -125,24 +125,26 @@ def _block_names(stmt) -> set:
 @pytest.mark.parametrize("op_name,sizes", [("BlockLSTM", (64, 512)), ("BlockLSTMGrad", (64, 128))])
 def test_each_step_is_one_launch_per_sequence_with_a_barrier_per_parallel_loop(op_name, sizes):
     """The recurrent GEMM (whose reduction, of 512 here, a GEMM outside the time loop would cut
-    into slabs, each a parallel loop) and the gate math: one parallel loop each per step. The
-    GEMM has three versions, one row per tile for a batch of 1 or 2, 4-row tiles for 3 or 4,
-    8-row tiles from 5 on (the branches of an ``if`` chain on ``B``): a step runs one of them.
-    The forward's batches of 1 and 2 instead run the product and the gate math in one
-    parallel loop, a chunk of units per iteration (:mod:`lstm_tvm.schedule.cpu.gate_rows`).
-    The time loop is one launch of the thread pool and each parallel loop ends in a barrier
-    (:mod:`lstm_tvm.schedule.cpu.team`), not a launch each."""
+    into slabs, each a parallel loop) and the gate math: one parallel loop each per step. At
+    batch 1 and 2 (a version each) the product and the gate math run in one parallel loop, a
+    chunk of units per iteration (:mod:`lstm_tvm.schedule.cpu.gate_rows`); from 3 rows on the
+    GEMM has two versions, 4-row tiles for 3 or 4, 8-row tiles from 5 on (the branches of an
+    ``if`` chain on ``B``): a step runs one of them. The time loop is one launch of the thread
+    pool and each parallel loop ends in a barrier (:mod:`lstm_tvm.schedule.cpu.team`), not a
+    launch each."""
     op = registry.get_op(op_name)
     attrs = validation.validate_attrs(op, {"use_peephole": False})
     func = BUILDERS[op_name](op, "float32", *sizes, attrs, KernelVariant())
     scheduled = schedule_for(op_name, func, resolve_target())
     step = _step_block(scheduled)
-    fused = op.direction == "forward"
+    product, members = (("gates", ("gate_act", "cell")) if op.direction == "forward"
+                        else ("dh", ("cell_grad", "dcs_update")))
     versions = _versions(step.body)  # the gate math after the GEMM's versions is in none
-    assert len(versions) == 3
-    if fused:
-        (loop,) = _parallel_loops(versions[0])  # the product and the gate math, one barrier
-        assert {"gates_few_update", "gate_act_few", "cell_few"} <= _block_names(loop)
+    assert len(versions) == 4
+    for rows, version in zip((1, 2), versions):
+        (loop,) = _parallel_loops(version)  # the product and the gate math, one barrier
+        assert ({f"{product}_few{rows}_update", *(f"{m}_few{rows}" for m in members)}
+                <= _block_names(loop))
     assert [len(_parallel_loops(v)) for v in versions] == [1] * len(versions)
     assert len(_parallel_loops(step.body)) == len(versions) + 1  # and the gate math
     assert all(team.BARRIER in loop.annotations for loop in _parallel_loops(step.body))

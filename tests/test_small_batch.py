@@ -1,6 +1,7 @@
 """Deployment batch sizes through the sequence kernels and the cell forward: below
-``SINGLE_ROWS_BELOW`` rows the per-step GEMMs (``gates`` forward and in ``LSTMBlockCell``,
-``dh`` backward) run one row per tile without padding, up to
+``GATE_ROWS_BELOW`` rows a sequence step's product runs with its gate math, a chunk of units
+at a time (a version per batch); below ``SINGLE_ROWS_BELOW`` rows ``LSTMBlockCell``'s GEMM
+runs one row per tile without padding; the per-step GEMMs run up to
 ``SHORT_ROWS`` rows padded to ``SHORT_ROWS``, from there padded to ``ROW_TILE`` rows; every path
 against the float64 reference, with peepholes, an active clip, padded steps
 (``seq_len_max < T``) and float16. Small elementwise blocks run on one thread below
@@ -13,9 +14,9 @@ import pytest
 import lstm_tvm
 from lstm_tvm import build, reference, registry, testing
 from lstm_tvm._tvm import Schedule, tirx
-from lstm_tvm.kernels.block_lstm import GATE_ROWS, PACK_FROM_ROWS
+from lstm_tvm.kernels.block_lstm import PACK_FROM_ROWS
 from lstm_tvm.kernels.cell_grad_matmul import DOTS_BELOW
-from lstm_tvm.kernels.contract import (ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
+from lstm_tvm.kernels.contract import (GATE_ROWS_BELOW, ONE_THREAD_BELOW, ROW_TILE, SHORT_ROWS,
                                       SINGLE_ROWS_BELOW)
 from lstm_tvm.schedule.blocks import leaf_blocks, time_steps
 from lstm_tvm.validation import validate_attrs
@@ -49,12 +50,14 @@ def test_every_batch_size_matches_the_reference(op_name, dtype):
 
 
 @pytest.mark.parametrize("op_name, block", [
-    ("BlockLSTMV2", "gates_few"), ("BlockLSTMV2", f"gates_rows{SHORT_ROWS}"),
-    ("BlockLSTMGradV2", "dh_rows"), ("BlockLSTMGradV2", f"dh_rows{SHORT_ROWS}"),
+    ("BlockLSTMV2", "gates_few1"), ("BlockLSTMV2", "gates_few2"),
+    ("BlockLSTMV2", f"gates_rows{SHORT_ROWS}"),
+    ("BlockLSTMGradV2", "dh_few1"), ("BlockLSTMGradV2", "dh_few2"),
+    ("BlockLSTMGradV2", "dh_first_few1"), ("BlockLSTMGradV2", f"dh_rows{SHORT_ROWS}"),
     ("LSTMBlockCell", "gates_rows"), ("LSTMBlockCell", f"gates_rows{SHORT_ROWS}")])
 def test_the_small_batch_blocks_are_scheduled(op_name, block):
-    """The small-batch versions of the per-step GEMMs (the sequence forward's batches below
-    ``GATE_ROWS_BELOW``: its gate rows, see the tests below) are tiled."""
+    """The small-batch versions of the per-step products (the sequence kernels' batches below
+    ``GATE_ROWS_BELOW``: their gate rows, see the tests below) are tiled."""
     op = registry.get_op(op_name)
     spec = build.make_spec(op_name, "float32", 8, 16,
                            validate_attrs(op, {"use_peephole": False}), "llvm")
@@ -66,26 +69,35 @@ def test_the_small_batch_blocks_are_scheduled(op_name, block):
 
 @pytest.mark.parametrize("mcpu, panels_per_tile", [("skylake-avx512", 2), ("haswell", 1)])
 def test_one_row_tiles_hold_four_vectors_each_vector_loop_in_one_panel(mcpu, panels_per_tile):
-    """A one-row tile is four vectors wide (AVX-512: 64 columns, two column panels; AVX2: 32)
-    and each vector loop stays inside one panel (a loop across two is a gather); checked on
-    the scheduled TIR, so without the instruction set."""
-    loops = _tile_loops("BlockLSTMGradV2", mcpu, "dh_rows_update")
+    """A one-row tile over column panels (a prepacked ``LSTMBlockCell``) is four vectors wide
+    (AVX-512: 64 columns, two column panels; AVX2: 32) and each vector loop stays inside one
+    panel (a loop across two is a gather); checked on the scheduled TIR, so without the
+    instruction set."""
+    loops = _tile_loops("LSTMBlockCell", mcpu, "gates_rows_update", prepacked=True)
     assert "T.vectorized(32)" in loops[-1], loops
     assert ("T.unroll(2)" in loops[-2]) == (panels_per_tile == 2), loops
 
 
-@pytest.mark.parametrize("mcpu, columns", [("skylake-avx512", 32), ("haswell", 8)])
-def test_gate_row_tiles_hold_every_gate_of_both_rows(mcpu, columns):
-    """The sequence forward's product at batch 1 and 2 (``GATE_ROWS`` rows) holds, per row,
-    the four gates of a run of units in registers, at most half the vector registers
-    (AVX-512: 2 x 4 x 32 columns, 8 of 32 registers; AVX2: 2 x 4 x 8, 8 of 16), and runs in
-    one parallel loop with the gate math of those units (schedule/cpu/gate_rows.py)."""
-    loops = _tile_loops("BlockLSTMV2", mcpu, "gates_few_update", inner=4)
+@pytest.mark.parametrize("rows", range(1, GATE_ROWS_BELOW))
+@pytest.mark.parametrize("mcpu, accumulators", [("skylake-avx512", 256), ("haswell", 64)])
+@pytest.mark.parametrize("op_name, product, members", [
+    ("BlockLSTMV2", "gates", ("gate_act", "cell", "state_update")),
+    ("BlockLSTMGradV2", "dh", ("cell_grad", "dcs_update"))])
+def test_gate_row_tiles_hold_every_gate_of_each_row(op_name, product, members, mcpu,
+                                                     accumulators, rows):
+    """A sequence step's product at batch 1 and 2 (a version per batch, as many rows) holds,
+    per row, the four gate blocks of a run of units in registers, at most half the vector
+    registers' floats (AVX-512: 256, AVX2: 64), as wide as that allows up to the chunk of 32
+    units, and runs in one parallel loop with the gate math of those units
+    (schedule/cpu/gate_rows.py)."""
+    columns = min(32, accumulators // (4 * rows))
+    loops = _tile_loops(op_name, mcpu, f"{product}_few{rows}_update", inner=4)
     assert f"T.vectorized({columns})" in loops[-1], loops
-    assert "T.unroll(4)" in loops[-2] and f"T.unroll({GATE_ROWS})" in loops[-3], loops
-    sch = _schedule("BlockLSTMV2", 64)
+    assert "T.unroll(4)" in loops[-2] and f"T.unroll({rows})" in loops[-3], loops
+    sch = _schedule(op_name, 64)
     (loop,) = {sch.get(sch.get_loops(sch.get_sblock(name))[0])
-               for name in ("gates_few_update", "gate_act_few", "cell_few", "state_update_few")}
+               for name in (f"{product}_few{rows}_update",
+                            *(f"{m}_few{rows}" for m in members))}
     assert loop.kind == tirx.ForKind.PARALLEL
 
 
@@ -100,14 +112,17 @@ def test_one_row_tiles_over_a_row_major_weight_fill_the_accumulators(mcpu, vecto
     assert f"T.unroll({vector_loops})" in loops[-2], loops
 
 
-def _tile_loops(op_name: str, mcpu: str, block: str, inner: int = 2) -> list[str]:
+def _tile_loops(op_name: str, mcpu: str, block: str, inner: int = 2,
+                prepacked: bool = False) -> list[str]:
     """The ``inner`` innermost loops around ``block`` in ``op_name``'s scheduled TIR (I=8,
-    H=64) for an x86 ``mcpu``: for a one-row tile the panel (or unrolled chunk) loop, then the
-    vector loop."""
+    H=64) for an x86 ``mcpu`` (its prepacked kernel with ``prepacked``): for a one-row tile
+    the panel (or unrolled chunk) loop, then the vector loop."""
     op = registry.get_op(op_name)
     attrs = validate_attrs(op, testing.op_attrs(op_name, {"use_peephole": False}))
     spec = build.make_spec(op_name, "float32", 8, 64, attrs,
                            {"kind": "llvm", "mcpu": mcpu})
+    if prepacked:
+        spec = spec.with_prepacked_weights()
     text = build.primfunc(spec).script()
     return text[:text.index(f'T.sblock("{block}")')].splitlines()[-inner - 1:-1]
 
@@ -231,7 +246,7 @@ def _check_forward(op_name, dtype, attrs, *, T, B, steps):
 def test_a_short_sequence_reads_w_in_place():
     sch = _schedule("BlockLSTMV2", 16)
     names = {sch.get(b).name_hint for b in leaf_blocks(sch)}
-    assert {"w_panels", "xw_update", "xw_short_update", "gates_short_few_update"} <= names
+    assert {"w_panels", "xw_update", "xw_short_update", "gates_short_few1_update"} <= names
     assert "w_panels_short" not in names
     assert len(time_steps(sch)) == 2
 

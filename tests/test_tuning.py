@@ -245,29 +245,29 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
     once per chunk of rows it reduces over: their space never cuts the reduction, and records
     of the same GEMM outside such a loop do not apply to them."""
     short = f"_rows{SHORT_ROWS}"
-    # the forward's product below 3 rows (block gates_few) runs with its gate math, a chunk
-    # of units at a time: not a tuning task
+    # the sequence kernels' products below GATE_ROWS_BELOW rows (blocks gates_few<B>,
+    # dh_few<B>) run with their gate math, a chunk of units at a time: not tuning tasks
     gates = {"gates", "gates" + short}
     # a forward of fewer than PACK_FROM_ROWS rows runs a version of its own (w read in place),
     # which tuning tasks, cut at fixed sizes, leave out at any size: 4 steps of one row too
     assert 4 * 1 < PACK_FROM_ROWS
     for op_name, in_loops in (("BlockLSTM", gates | {name + "_short" for name in gates}),
-                              ("BlockLSTMGrad", {"dh", "dh_rows", "dh" + short, "w_grad",
+                              ("BlockLSTMGrad", {"dh", "dh" + short, "w_grad",
                                                  "w_grad_tail"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
         blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs,
                                        KernelVariant())
         assert {b.name for b in blocks if b.per_step} == in_loops
         for name in (n for n in in_loops if not n.endswith("_short")):
-            # one row runs *_rows, SHORT_ROWS rows *_rows4; w_grad_tail the 120 rows that
-            # chunks of 128 leave of 4 x 62, rounded up to 128
-            batch = (1 if name.endswith("_rows") else SHORT_ROWS if name.endswith(short)
+            # SHORT_ROWS rows run *_rows4; w_grad_tail the 120 rows that chunks of 128 leave
+            # of 4 x 62 (rounded up to ROW_TILE: 120)
+            batch = (SHORT_ROWS if name.endswith(short)
                      else 62 if name == "w_grad_tail" else 64)
             tasks = task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, batch,
                                        KernelVariant())
             assert not any(t.name.endswith("_short") for t in tasks)
             task = next(t for t in tasks if t.name == name)
-            assert task.per_step and task.K >= 128 and space.choices(task)["k_block"] == []
+            assert task.per_step and task.K >= 120 and space.choices(task)["k_block"] == []
             block = next(b for b in blocks if b.name == name)
             assert task.matches(block)
             assert not dataclasses.replace(task, per_step=False).matches(block)

@@ -371,19 +371,42 @@ class KernelBuilder:
 
         emit(0)
 
-    def gate_rows(self, name: str, out, M: int, N, K, a: Callable, b: Callable,
-                  init: Callable, group: str) -> None:
-        """A time step's product of ``M`` (a constant) rows, ``out[m, j] = init(m, j) + sum
-        over k of a(m, k) * b(k, j)`` (``out`` a view of ``M`` rows), whose ``N = 4H`` columns
-        are the four gates of ``H`` units, read by the gate math blocks of fusion ``group``
-        (emitted next, in this version): block ``name`` marked :data:`GATE_ROW` so that a
-        schedule may run each chunk of units' gates in the group's loop (see
-        ``schedule/cpu/gate_rows.py``). The gate math must not write what the product reads
-        (a double-buffered state): threads finish their chunks of the step at different
-        times."""
+    def gate_rows(self, name: str, out, M: int, N, K, term: Callable, init: Callable | None,
+                  group: str) -> None:
+        """A product of ``M`` (a constant) rows, ``out[m, j] = init(m, j) + sum over k of
+        term(m, j, k)`` (``out`` a view of ``M`` rows; ``init`` None: from zero), whose
+        ``N = 4H`` columns are four blocks of ``H`` columns, one per gate, read unit by unit by
+        the blocks of fusion ``group`` (emitted next, in this version): block ``name`` marked
+        :data:`GATE_ROW` so that a schedule may run each chunk of units' columns in the group's
+        loop (see ``schedule/cpu/gate_rows.py``). In a time step, the group must not write
+        what the product reads (a double-buffered state, another row): threads finish their
+        chunks of the step at different times."""
         self.reduction(name, out, (M, N), (K,), lambda m, j: (m, j),
-                       lambda s, r: a(s[0], r[0]) * b(r[0], s[1]), init=init,
+                       lambda s, r: term(s[0], s[1], r[0]), init=init,
                        annotations={GATE_ROW: self._versioned(group)})
+
+    def few_rows(self, rows, below: int, few: Callable[[int], None],
+                 more: Callable[[], None]) -> None:
+        """Emit ``few(m)`` where ``rows == m``, for each ``0 < m < below`` (CPU form; in a
+        :meth:`version` ``_few<m>`` unless ``rows`` is a constant), else ``more()``. A constant
+        ``rows`` (tuning tasks) emits only the branch it takes, the GPU form only
+        ``more()``."""
+        if not self.cpu:
+            more()
+        elif is_static(rows):
+            few(int(rows)) if 0 < int(rows) < below else more()
+        else:
+            def emit(m):
+                if m == below:
+                    more()
+                    return
+                with T.If(rows == m):
+                    with T.Then(), self.version(f"_few{m}"):
+                        few(m)
+                    with T.Else():
+                        emit(m + 1)
+
+            emit(1)
 
     def spatial(self, name: str, extents: Sequence, body: Callable,
                 group: str | None = None) -> None:

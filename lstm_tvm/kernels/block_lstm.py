@@ -7,9 +7,10 @@ the version for fewer than :data:`PACK_FROM_ROWS` rows, blocks ``<name>_short``)
 loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (block
 ``gates``) and the fused gate math (blocks ``gate_act`` and ``cell``, which also writes the
 next float32 state; block ``state_update`` moves the new cell state in place). Batches below
-:data:`GATE_ROWS_BELOW` run the product and the gate math a chunk of units at a time (blocks
-``<name>_few``, see ``kb.gate_rows``; a prepacked kernel's product then reads ``w_units``,
-see :func:`weight_packs`). The state stays in float32 between steps, unrounded even for
+:data:`GATE_ROWS_BELOW` run the product and the gate math a chunk of units at a time, in a
+version per batch (blocks ``<name>_few<B>``, see ``kb.gate_rows`` and ``kb.few_rows``: the
+product over exactly ``B`` rows); a prepacked kernel's product then reads ``w_units`` (see
+:func:`weight_packs`). The state stays in float32 between steps, unrounded even for
 float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate); ``h`` in two slots
 on CPUs, one read and one written each step. Steps ``t >= seq_len_max`` are zero in every
 output (block ``pad``).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec, forget_bias_of
 from ._builder import T, flat, kernel, padded, zero
-from .contract import GATES, PANEL, ROW_TILE
+from .contract import GATE_ROWS_BELOW, GATES, PANEL, ROW_TILE
 from .tir_analysis import is_static
 from ._gates import ACC, CellConfig, f32, gate_offsets
 from ._weights import WeightPack, weight_panels
@@ -33,12 +34,6 @@ OUTPUTS = ("i", "cs", "f", "o", "ci", "co", "h")
 #: (2 MiB at I=H=256) costs more than the panels save over so few rows (I=H=256 on a Zen 5:
 #: T=1 B=1 2.0x, T=8 B=1 1.25x, T=1 B=8 1.6x; T=16 B=1 0.96, T=8 B=8 0.86; docs/performance.md).
 PACK_FROM_ROWS = 16
-#: Batches below this run their time steps' product with the gate math, a chunk of units at a
-#: time (``kb.gate_rows``), in a version of their own: the product's rows then share each pass
-#: over ``W_h``. The product runs over ``GATE_ROWS`` rows, the rows past ``B`` being padding
-#: (one version, not one per batch: each version is a copy of the gate math to compile).
-GATE_ROWS_BELOW = 3
-GATE_ROWS = GATE_ROWS_BELOW - 1
 
 
 def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
@@ -151,7 +146,7 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
 
     kb.by_work(padded(B) * H, state_blocks)
     gates_views = kb.step_views(gates, B)
-    gate_row_view = flat(gates, GATE_ROWS, name="gates_few")
+    gate_row_views = {m: flat(gates, m, name=f"gates_few{m}") for m in range(1, GATE_ROWS_BELOW)}
     with kb.time_loop(L, Tn) as vt:
         now, nxt = ((vt % 2) * padded(B), (vt + 1) % 2 * padded(B)) if kb.cpu else (0, 0)
         if kb.cpu:
@@ -179,23 +174,15 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
             kb.spatial("state_update", (B, H), lambda n, k: T.buffer_store(
                 cs_state, cs_next[n, k], [n, k]), group="cell")
 
-        def gate_rows():
+        def gate_rows(m):
             w_units = (_units_at(buf["w_units"], H) if kb.prepacked and "w_units" in buf
                        else w_h)
-            step(lambda: kb.gate_rows("gates", gate_row_view, GATE_ROWS, G, H, h, w_units,
-                                      init, group="cell"))
+            step(lambda: kb.gate_rows("gates", gate_row_views[m], m, G, H,
+                                      lambda n, j, k: h(n, k) * w_units(k, j), init,
+                                      group="cell"))
 
         def more_rows():
             step(lambda: kb.step_gemm("gates", gates, gates_views, B, G, H, h, w_h, init=init,
                                       single_rows=False))
 
-        if not kb.cpu:
-            more_rows()
-        elif is_static(B):
-            gate_rows() if int(B) < GATE_ROWS_BELOW else more_rows()
-        else:
-            with T.If(B < GATE_ROWS_BELOW):
-                with T.Then(), kb.version("_few"):
-                    gate_rows()
-                with T.Else():
-                    more_rows()
+        kb.few_rows(B, GATE_ROWS_BELOW, gate_rows, more_rows)

@@ -5,9 +5,15 @@ runs the cell gradient (block ``cell_grad``, writing the stacked gate gradients 
 the next carry ``dcs``) and the recurrent product ``dh = dicfo_t @ w[I:]^T`` (block ``dh``).
 ``w`` is transposed once, into ``w[:I]^T`` and ``w[I:]^T`` (blocks ``w_t_x``, ``w_t_h``, stored
 as column panels, see ``kb.panels``), so both products with it stream contiguous memory.
-After the loop, ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus
-``x_grad_tail`` for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk
-for float16, the rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs;
+Batches below :data:`GATE_ROWS_BELOW` run each step in a version per batch (``kb.few_rows``)
+as one parallel loop over chunks of units: iteration ``u`` computes ``dh`` of units ``u`` from
+the rows of ``dicfo`` the step before wrote (block ``dh_few<B>``, ``kb.gate_rows``: the
+reduction over each gate block into a column block of its own, ``dh`` their sum; the zero rows
+past the last at the first step), then the cell gradient of those units; ``h_prev_grad``
+takes one more such product after the loop (block ``dh_first_few<B>``). After the loop,
+``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus ``x_grad_tail``
+for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk for float16, the
+rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs;
 ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad`` and the
 peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB``
 rows past the last one, so chunks of rows read it with no bounds checks. Everything
@@ -21,7 +27,7 @@ from __future__ import annotations
 from .._tvm import tirx
 from ..registry import OpSpec
 from ._builder import T, flat, kernel, padded, panel_layout, zero
-from .contract import K_SLAB, PANEL, ROW_TILE
+from .contract import GATE_ROWS_BELOW, GATES, K_SLAB, ROW_TILE
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from ._weights import WeightPack, weight_panels
 from .block_cell import peephole_grads
@@ -93,31 +99,68 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
 
         kb.by_work(B * H, lambda: kb.spatial("state_init", (B, H), init_state))
         dh_views = kb.step_views(dh, B)
-        with kb.time_loop(L, Tn, reverse=True) as vt:
+        # Below GATE_ROWS_BELOW rows, the product's four gate blocks each reduce over H into
+        # a column block of their own, summed where the cell gradient reads them (see
+        # ``kb.gate_rows``; through a view of its own for each product, its only writer).
+        parts = {}
+        if kb.cpu:
+            dh_parts = kb.temp("dh_parts", (GATE_ROWS_BELOW - 1, G))
+            parts = {(name, m): flat(dh_parts, m, name=f"{name}_parts{m}")
+                     for name in ("dh", "dh_first") for m in range(1, GATE_ROWS_BELOW)}
 
-            def cell_grad(n, k):
+        def parts_of_row(name, m, group, row):
+            """Block ``name``: its ``dh`` parts of ``m`` rows of ``dicfo`` from ``row`` on;
+            returns their sum's accessor ``(n, k) -> value``."""
+            out = parts[name, m]
+            kb.gate_rows(name, out, m, G, H, lambda n, j, k: dicfo[
+                row + n, j // H * H + k] * w_th(j // H * H + k, j % H), None, group=group)
+            return lambda n, k: sum((out[n, g * H + k] for g in range(1, GATES)), out[n, k])
+
+        def cell_grad(vt, dh_at):
+            def body(n, k):
                 acts = (f32(buf[a][vt, n, k]) for a in ("i", "cs", "f", "o", "ci", "co"))
                 grads = cell_backward(
                     peep, *acts, cs_prev(vt, n, k),
                     f32(buf["cs_grad"][vt, n, k]) + dcs[n, k],
-                    f32(buf["h_grad"][vt, n, k]) + dh[n, k],
+                    f32(buf["h_grad"][vt, n, k]) + dh_at(n, k),
                     f32(buf["wci"][k]), f32(buf["wcf"][k]), f32(buf["wco"][k]))
                 for gate, value in zip("icfo", grads[:4]):
                     T.buffer_store(dicfo, value, [vt * B + n, off[gate] + k])
                 T.buffer_store(dcs_next, grads[4], [n, k])
 
-            kb.spatial("cell_grad", (B, H), cell_grad, group="cell_grad")
+            kb.spatial("cell_grad", (B, H), body, group="cell_grad")
             kb.spatial("dcs_update", (B, H),
                     lambda n, k: T.buffer_store(dcs, dcs_next[n, k], [n, k]),
                     group="cell_grad")
-            kb.step_gemm("dh", dh, dh_views, B, H, G, lambda n, j: dicfo[vt * B + n, j], w_th)
+
+        with kb.time_loop(L, Tn, reverse=True) as vt:
+
+            def few(m):
+                # Step vt's dh from the rows of dicfo the step before wrote (the zero rows past
+                # the last at the first step), then its cell gradient: one parallel loop.
+                cell_grad(vt, parts_of_row("dh", m, "cell_grad", (vt + 1) * B))
+
+            def more():
+                cell_grad(vt, lambda n, k: dh[n, k])
+                kb.step_gemm("dh", dh, dh_views, B, H, G, lambda n, j: dicfo[vt * B + n, j],
+                             w_th, single_rows=False)
+
+            kb.few_rows(B, GATE_ROWS_BELOW, few, more)
         _weight_grads(kb, buf, dtype, peep, (L, Tn, B, I, H), off, dicfo, w_tx)
 
-        def state_out(n, k):
-            T.buffer_store(buf["cs_prev_grad"], store(dcs[n, k], dtype), [n, k])
-            T.buffer_store(buf["h_prev_grad"], store(dh[n, k], dtype), [n, k])
+        def state_out(dh_at, group=None):
+            def body(n, k):
+                T.buffer_store(buf["cs_prev_grad"], store(dcs[n, k], dtype), [n, k])
+                T.buffer_store(buf["h_prev_grad"], store(dh_at(n, k), dtype), [n, k])
 
-        kb.by_work(B * H, lambda: kb.spatial("state_grad_out", (B, H), state_out))
+            kb.spatial("state_grad_out", (B, H), body, group=group)
+
+        def few_out(m):
+            # dh of step 0's rows of dicfo (zero at seq_len_max 0)
+            state_out(parts_of_row("dh_first", m, "state_grad_out", 0), group="state_grad_out")
+
+        kb.few_rows(B, GATE_ROWS_BELOW, few_out,
+                    lambda: kb.by_work(B * H, lambda: state_out(lambda n, k: dh[n, k])))
     return kb.get()
 
 
@@ -177,8 +220,8 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     output (``in_place``) or a row-major scratch. Returns the accumulator's accessor ``(k, j)
     -> value``, or None where it is the output. The tail's GEMM
     (``w_grad_tail``; CPU builds, see :class:`.KernelVariant`) reduces over the rows left rounded
-    up to :data:`PANEL`, not a whole chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x the
-    arithmetic.
+    up to :data:`ROW_TILE`, not a whole chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x
+    the arithmetic (rounded up to 32 rows, 1.28x).
 
     The GEMM's operands then stay in the L2 cache, and stream contiguous memory, instead of
     rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands").
@@ -233,10 +276,10 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     with kb.row_chunks("w_grad_chunk", whole, chunk, per_step=True) as (first, _):
         chunk_gemm("w_grad", first, chunk)
     if tail:
-        # At most one chunk, of the rows left rounded up to PANEL (at most ``chunk``):
+        # At most one chunk, of the rows left rounded up to ROW_TILE (at most ``chunk``):
         # ``dicfo`` is zero that far past its last row, the packs write zeros there.
         with kb.row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
-            chunk_gemm("w_grad_tail", whole, padded(M - whole, PANEL))
+            chunk_gemm("w_grad_tail", whole, padded(M - whole))
     return None if in_output else (lambda k, j: acc[acc_at(k, j)])
 
 

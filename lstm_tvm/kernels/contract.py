@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["FUSE_GROUP", "GATES", "GATE_ROW", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD",
-           "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW",
-           "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_TILE"]
+__all__ = ["FUSE_GROUP", "GATES", "GATE_ROW", "GATE_ROWS_BELOW", "GemmBlock", "K_SLAB",
+           "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS",
+           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_TILE"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (``padded``), so a schedule can tile rows without bounds
@@ -24,13 +24,20 @@ PANEL = 32
 TRANSPOSE_TILE = 32
 #: Block annotation of ``KernelBuilder.spatial`` blocks in a fusion group (see there).
 FUSE_GROUP = "lstm_tvm.fuse_group"
-#: Block annotation of a product of a few rows inside a time step whose ``4H`` columns are the
-#: four gates of ``H`` units (``KernelBuilder.gate_rows``); its value names the fusion group of
-#: the gate math that reads it. A schedule may compute each chunk of units' four gates in the
-#: iteration of the group's loop that reads them, so a step needs one barrier, not two.
+#: Block annotation of a product of a few rows inside a time step whose ``4H`` columns are
+#: ``GATES`` blocks of ``H`` units each (the four gates of the forward's units; the backward's
+#: ``dh`` summed over its four gate blocks) (``KernelBuilder.gate_rows``); its value names the
+#: fusion group of the gate math that reads it. A schedule may compute each chunk of units'
+#: columns in the iteration of the group's loop that reads them, so a step needs one barrier,
+#: not two.
 GATE_ROW = "lstm_tvm.gate_row"
 #: Gates per unit: a step's product has ``GATES`` blocks of ``H`` columns.
 GATES = 4
+#: Batches below this run a sequence step's product with the gate math that reads it, a chunk
+#: of units at a time (``KernelBuilder.gate_rows``), in a version per batch (``few_rows``):
+#: the product's rows then share each pass over ``W_h``, and a row's four gates fill the
+#: register tile.
+GATE_ROWS_BELOW = 3
 #: Row multiple of reductions over all ``T*B`` rows (the weight gradients): their operands are
 #: zero past the last row up to this multiple, so a schedule may block the reduction by any
 #: divisor of it without bounds checks.
