@@ -56,9 +56,10 @@ def _unit_column(c, H):
     return rest // PANEL * H + chunk * PANEL + rest % PANEL
 
 
-def _units_at(param, H):
-    """The accessor ``(k, j) -> load`` of ``w_units`` by ``w``'s column ``j``."""
-    return lambda k, j: param[(j % H) // PANEL, k, (j // H) * PANEL + j % PANEL]
+def _units_column(j, H):
+    """The column of ``w_units`` that holds column ``j`` of ``w`` (the inverse of
+    :func:`_unit_column`)."""
+    return (j % H) // PANEL * (GATES * PANEL) + j // H * PANEL + j % PANEL
 
 
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
@@ -106,8 +107,13 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
     gates = kb.temp("gates", (padded(B), G))
     cs_state, cs_next = kb.temp("cs_state", (B, H)), kb.temp("cs_next", (B, H))
     acts = activation_scratch(kb, B, H)
-    w = (weight_panels(kb, buf, weight_packs(I, H)[0]) if packed
+    packs = weight_packs(I, H)
+    w = (weight_panels(kb, buf, packs[0]) if packed
          else lambda k, j: f32(buf["w"][k, j]))
+    # A prepacked kernel's panels of unit chunks (``w_units``, where H has them), read by
+    # ``w``'s column; the others' gate-rows product reads ``w``'s panels.
+    units = (weight_panels(kb, buf, next(p for p in packs if p.name == "w_units"))
+             if kb.prepacked and "w_units" in buf else None)
     if dtype == ACC:
         # The padded rows read the last row again (a clamped index: a guarded load in
         # a GEMM operand keeps LLVM from holding the accumulators in registers); their
@@ -174,9 +180,10 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
             kb.spatial("state_update", (B, H), lambda n, k: T.buffer_store(
                 cs_state, cs_next[n, k], [n, k]), group="cell")
 
+        def w_units(k, j):
+            return w_h(k, j) if units is None else units(k, _units_column(j, H))
+
         def gate_rows(m):
-            w_units = (_units_at(buf["w_units"], H) if kb.prepacked and "w_units" in buf
-                       else w_h)
             step(lambda: kb.gate_rows("gates", gate_row_views[m], m, G, H,
                                       lambda n, j, k: h(n, k) * w_units(k, j), init,
                                       group="cell"))
