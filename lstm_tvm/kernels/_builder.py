@@ -393,9 +393,7 @@ class KernelBuilder:
         ``more()``."""
         if not self.cpu:
             more()
-        elif is_static(rows):
-            few(int(rows)) if 0 < int(rows) < below else more()
-        else:
+        elif not is_static(rows):
             def emit(m):
                 if m == below:
                     more()
@@ -407,6 +405,10 @@ class KernelBuilder:
                         emit(m + 1)
 
             emit(1)
+        elif 0 < int(rows) < below:
+            few(int(rows))
+        else:
+            more()
 
     def spatial(self, name: str, extents: Sequence, body: Callable,
                 group: str | None = None) -> None:

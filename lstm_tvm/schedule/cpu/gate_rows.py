@@ -1,15 +1,16 @@
 """Products of a few rows computed where their gate math runs: one barrier per step.
 
-At batch 1 or 2 a sequence step is a product of a few rows (``h @ W_h``, ``4H`` columns: the
-four gates of ``H`` units) and the gate math of the ``H`` units. Run as two parallel loops, a
-step costs two barriers of the thread pool, and each thread's gate math reads gates that
-another thread computed. A block marked ``GATE_ROW`` (``KernelBuilder.gate_rows``) is instead
-tiled by chunks of units: iteration ``u`` of its outer loop computes the four gates of every
+At batch 1 or 2 a sequence step is a product of a few rows (forward: ``h @ W_h``, ``4H``
+columns, the four gates of ``H`` units; backward: ``dh``, one column block per gate, summed
+where it is read) and the gate math of the ``H`` units. Run as two parallel loops, a step
+costs two barriers of the thread pool, and each thread's gate math reads values that another
+thread computed. A block marked ``GATE_ROW`` (``KernelBuilder.gate_rows``) is instead
+tiled by chunks of units: iteration ``u`` of its outer loop computes each gate block of every
 row for the units that iteration ``u`` of the gate math's loop reads, and the two loops become
 one. Each thread then streams its own slice of ``W_h`` once a step for all rows, reads only
-gates it computed, and the step ends with the one barrier that the next step's product needs
-(the state it reads is double-buffered by the kernel, so no thread overwrites what another
-still reads).
+values it computed, and the step ends with the one barrier that the next step's product needs
+(what it reads is double-buffered by the kernel or another row, so no thread overwrites what
+another still reads).
 
 :func:`rule` tiles the product (each row's four gate vectors accumulated over the whole
 reduction in registers) and the gate math's blocks (unit chunk outermost);
