@@ -243,19 +243,21 @@ def test_training_step_bench_runs_each_route_in_its_own_process():
     lines = bench_train.render(report).splitlines()
     assert lines[0].startswith("machine: ") and max(map(len, lines)) <= 100
     ours = next(line for line in lines if " lstm_tvm.tf " in line).split()
-    assert ours[3] == "-"  # one process: no spread
+    assert ours[3] == f"{rows['lstm_tvm.tf']['mean_ms']:.3f}"
+    assert rows["kernels"]["min_ms"] <= rows["kernels"]["mean_ms"] <= rows["kernels"]["max_ms"]
+    assert ours[4] == "-"  # one process: no spread
     want = rows["tf"]["median_ms"] / rows["lstm_tvm.tf"]["median_ms"]
-    assert ours[4] == f"{want:.2f}"
+    assert ours[5] == f"{want:.2f}"
     over = rows["lstm_tvm.tf"]["median_ms"] / rows["kernels"]["median_ms"] - 1
-    assert ours[5] == f"{over * 100:+.1f}%"
+    assert ours[6] == f"{over * 100:+.1f}%"
 
 
 def test_training_rounds_combine_the_processes_of_each_route():
-    """``--rounds``: a route's result is the median of its processes' medians, its fastest and
-    slowest step of all; a failed process makes the route's result that failure."""
+    """``--rounds``: a route's result is the median of its processes' medians, the mean, fastest
+    and slowest step of all; a failed process makes the route's result that failure."""
     def row(impl, ms):
         return {"impl": impl, "shape": [6, 2, 8, 8], "status": "ok", "median_ms": ms,
-                "min_ms": ms * 0.9, "max_ms": ms * 1.5}
+                "mean_ms": ms * 1.1, "min_ms": ms * 0.9, "max_ms": ms * 1.5}
 
     runs = {"kernels": [row("kernels", m) for m in (2.0, 3.0, 2.5)],
             "lstm_tvm.tf": [row("lstm_tvm.tf", m) for m in (4.0, 3.0, 9.0)],
@@ -265,11 +267,13 @@ def test_training_rounds_combine_the_processes_of_each_route():
     kernels, ours, tf_row = results
     assert kernels["median_ms"] == statistics.median([2.0, 3.0, 2.5])
     assert (kernels["min_ms"], kernels["max_ms"]) == (2.0 * 0.9, 3.0 * 1.5)
+    assert kernels["mean_ms"] == pytest.approx(statistics.mean([2.2, 3.3, 2.75]))
     assert ours["process_ms"] == [4.0, 3.0, 9.0] and ours["median_ms"] == 4.0
     assert tf_row["status"] == "timed out after 1 s"
     meta = {"machine": {"cpu": "test CPU", "cores": 2}, "threads": 2, "repeat": 3, "warmup": 1,
             "rounds": 3, "load_average": [0.5, 0.5, 0.5]}
     text = bench_train.render({"meta": meta, "results": results})
     line = next(line for line in text.splitlines() if " lstm_tvm.tf " in line).split()
-    assert line[2:4] == ["4.000", "3.00-9.00"] and line[5] == f"{(4.0 / 2.5 - 1) * 100:+.1f}%"
+    assert line[2:5] == ["4.000", f"{statistics.mean([4.4, 3.3, 9.9]):.3f}", "3.00-9.00"]
+    assert line[6] == f"{(4.0 / 2.5 - 1) * 100:+.1f}%"
     assert "median over 3 processes each" in text.replace("\n  ", " ")

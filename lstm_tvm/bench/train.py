@@ -117,8 +117,9 @@ def _tf_step(inputs: dict, threads: int, ours: bool):
 
 
 def measure_step(impl: str, shape, threads: int, warmup: int, repeat: int) -> dict:
-    """Median and spread of ``repeat`` steps of ``impl`` at ``shape`` (T, B, I, H), after
-    ``warmup`` untimed ones (the first builds, traces or compiles)."""
+    """Median, mean and spread of ``repeat`` steps of ``impl`` at ``shape`` (T, B, I, H), after
+    ``warmup`` untimed ones (the first builds, traces or compiles). The mean is what a training
+    loop gets: a few slow steps move it, not the median."""
     inputs = _inputs(*shape)
     makers = {"kernels": _kernels_step,
               "lstm_tvm.torch": lambda i, t: _torch_step(i, t, True),
@@ -134,7 +135,8 @@ def measure_step(impl: str, shape, threads: int, warmup: int, repeat: int) -> di
         step()
         times.append(time.perf_counter() - start)
     ms = sorted(t * 1e3 for t in times)
-    return {"median_ms": float(np.median(ms)), "min_ms": ms[0], "max_ms": ms[-1]}
+    return {"median_ms": float(np.median(ms)), "mean_ms": float(np.mean(ms)), "min_ms": ms[0],
+            "max_ms": ms[-1]}
 
 
 def _worker(impl: str, shape, threads: int, warmup: int, repeat: int, timeout: float) -> dict:
@@ -161,7 +163,7 @@ def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: 
     shape) in ``rounds`` processes of its own (round after round, so that a slow spell of the
     machine falls on every implementation alike); returns the report (``meta`` and
     ``results``: per (implementation, shape) the median of its processes' medians, their
-    ``process_ms``, the fastest and slowest step)."""
+    ``process_ms``, the mean step of them all, the fastest and slowest step)."""
     from .._progress import steps
     from ..env import usable_cores
 
@@ -184,11 +186,12 @@ def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: 
 
 def _combined(rows: list) -> dict:
     """One (implementation, shape)'s processes as one result
-    (:func:`lstm_tvm.bench.harness.median_of_processes`), with the fastest and slowest step of
-    them all."""
+    (:func:`lstm_tvm.bench.harness.median_of_processes`), with the mean, fastest and slowest
+    step of them all (every process times as many steps)."""
     row = _bench.median_of_processes(rows)
     if row["status"] == "ok":
-        row.update(min_ms=min(r["min_ms"] for r in rows), max_ms=max(r["max_ms"] for r in rows))
+        row.update(mean_ms=float(np.mean([r["mean_ms"] for r in rows])),
+                   min_ms=min(r["min_ms"] for r in rows), max_ms=max(r["max_ms"] for r in rows))
     return row
 
 
@@ -197,10 +200,10 @@ def _ratio(num, den):
 
 
 def render(report: dict) -> str:
-    """The report as a table of at most 100 columns: each implementation's median step, the
-    fastest and slowest of its processes' medians (with more than one round), how much faster
-    lstm_tvm's routes are than the framework's own LSTM (``speed-up vs own``: its time over
-    ours) and what a route adds to the bare kernels (``over kernels``)."""
+    """The report as a table of at most 100 columns: each implementation's median and mean
+    step, the fastest and slowest of its processes' medians (with more than one round), how
+    much faster lstm_tvm's routes are than the framework's own LSTM (``speed-up vs own``: its
+    median over ours) and what a route adds to the bare kernels (``over kernels``, medians)."""
     from .cli_common import format_table
 
     meta = report["meta"]
@@ -208,8 +211,9 @@ def render(report: dict) -> str:
     runs = (f"; median over {rounds} processes each, run in {rounds} rounds" if rounds > 1
             else "")
     header = (f"machine: {_bench.describe_machine(meta['machine'])}. Training step (forward + "
-              f"backward), float32, {meta['threads']} threads, median of {meta['repeat']} after "
-              f"{meta['warmup']} warm-up{runs}; load average {meta['load_average'][0]:.2f}")
+              f"backward), float32, {meta['threads']} threads, median and mean of "
+              f"{meta['repeat']} after {meta['warmup']} warm-up{runs}; load average "
+              f"{meta['load_average'][0]:.2f}")
     lines = textwrap.wrap(header, 100, subsequent_indent="  ")
     by = {(r["impl"], tuple(r["shape"])): r for r in report["results"]}
     rows = []
@@ -223,10 +227,12 @@ def render(report: dict) -> str:
         spread = "-"
         if len(r.get("process_ms", ())) > 1:
             spread = f"{min(r['process_ms']):.2f}-{max(r['process_ms']):.2f}"
+        mean = r.get("mean_ms")
         rows.append(["x".join(map(str, shape)), r["impl"],
-                     f"{med:.3f}" if med else r["status"], spread,
+                     f"{med:.3f}" if med else r["status"], f"{mean:.3f}" if mean else "-",
+                     spread,
                      _ratio(peer_ms, med) if peer else "-", over])
-    lines.append(format_table(["TxBxIxH", "impl", "median ms", "processes ms",
+    lines.append(format_table(["TxBxIxH", "impl", "median ms", "mean ms", "processes ms",
                                "speed-up vs own", "over kernels"], rows))
     return "\n".join(lines)
 
