@@ -18,6 +18,7 @@ still correct, only slower.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from tvm.s_tir.schedule import Trace
@@ -48,8 +49,10 @@ def schedule_cpu(op_name: str, func, target, failures: list | None = None,
     """
     traits = cpu_traits(target)
     sch = Schedule(func)
+    tiled = gate_rows.tiled_groups(sch, traits)
+    rules = tuple(functools.partial(r, tiled=tiled) if r is gate_rows.rule else r for r in RULES)
     for name in [sch.get(b).name_hint for b in leaf_blocks(sch)]:
-        ways = [lambda s, name=name: _apply_rules(s, s.get_sblock(name), traits)]
+        ways = [lambda s, name=name: _apply_rules(s, s.get_sblock(name), traits, rules)]
         if tuned and name in tuned:
             ways.insert(0, lambda s, trace=tuned[name]: Trace.apply_json_to_schedule(trace, s))
         for way in ways:
@@ -69,8 +72,8 @@ def schedule_cpu(op_name: str, func, target, failures: list | None = None,
                                             op_name)).mod["main"]
 
 
-def _apply_rules(sch: Schedule, block, traits) -> None:
-    for rule in RULES:
+def _apply_rules(sch: Schedule, block, traits, rules=RULES) -> None:
+    for rule in rules:
         if rule(sch, block, traits) is not None:
             return
 

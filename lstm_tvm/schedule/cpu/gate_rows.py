@@ -38,15 +38,16 @@ log = logging.getLogger(__name__)
 _PRODUCT_K, _MEMBER_CHUNK = 2, -3
 
 
-def rule(sch: Schedule, block, traits: CpuTraits) -> bool | None:
+def rule(sch: Schedule, block, traits: CpuTraits, tiled: set | None = None) -> bool | None:
     """Tile a ``GATE_ROW`` block by unit chunks (the chunk :func:`~.loop_facts.column_chunk`
     gives its ``H``), and the blocks of the fusion group it names (unit chunks outermost, then
     the rows); None for other blocks and where the sizes do not divide. The unit chunk loops
-    are left serial for :func:`merge_gate_rows`."""
+    are left serial for :func:`merge_gate_rows`. ``tiled``: :func:`tiled_groups` of the
+    function, where the caller has it (else found here, a scan of every block)."""
     if GATE_ROW in sch.get(block).annotations:
         return _product(sch, block, traits)
     group = fusion_group(sch, block)
-    if group is None or group not in _tiled_groups(sch, traits):
+    if group is None or group not in (tiled_groups(sch, traits) if tiled is None else tiled):
         return None
     loops = block_loops(sch, block)
     if loops is None or len(loops.spatial) != 2 or loops.reduce:
@@ -104,8 +105,10 @@ def _product(sch: Schedule, block, traits: CpuTraits) -> bool | None:
     return True
 
 
-def _tiled_groups(sch: Schedule, traits: CpuTraits) -> set:
-    """The fusion groups named by ``GATE_ROW`` blocks that :func:`rule` tiles."""
+def tiled_groups(sch: Schedule, traits: CpuTraits) -> set:
+    """The fusion groups named by ``GATE_ROW`` blocks that :func:`rule` tiles. It reads the
+    blocks' iterators, not their loops, so scheduling other blocks does not change it: one
+    scan serves a whole function."""
     return {str(sch.get(b).annotations[GATE_ROW]) for b in leaf_blocks(sch)
             if GATE_ROW in sch.get(b).annotations and _tile(sch, b, traits) is not None}
 
