@@ -67,10 +67,10 @@ def _elf_machine(path) -> int:
     return int.from_bytes(Path(path).read_bytes()[18:20], "little")
 
 
-def _export(folder, dtype, ops=None, peephole=True):
+def _export(folder, dtype, ops=None, peephole=True, sizes=(I, H)):
     result = CliRunner().invoke(main, [
-        "export", "--target", "aarch64", "--dtype", dtype, "--input-size", str(I),
-        "--cell-size", str(H), "--use-peephole" if peephole else "--no-use-peephole",
+        "export", "--target", "aarch64", "--dtype", dtype, "--input-size", str(sizes[0]),
+        "--cell-size", str(sizes[1]), "--use-peephole" if peephole else "--no-use-peephole",
         "--no-onnx", "-o", str(folder), *(["--ops", ",".join(ops)] if ops else [])])
     assert result.exit_code == 0, result.output
     assert _elf_machine(folder / "lstm_tvm_ops.so") == EM_AARCH64
@@ -112,6 +112,26 @@ def test_every_op_of_an_aarch64_export_matches_the_reference_under_qemu(runner, 
                 for name, value in got.items():
                     testing.assert_close(value, ref[name], dtype,
                                          f"{op_name}.{name} B={B} {' '.join(options)}")
+
+
+def test_the_backward_transposes_its_weights_in_vector_registers_under_qemu(runner, tmp_path):
+    """At I=H=32 the backward's transposed weight panels are copied in square tiles through
+    vector registers (``KernelBuilder.panels``, two-vector shuffles that NEON lowers its own
+    way): the gradients, of the kernel that packs ``w`` and of the prepacked one, match the
+    reference."""
+    from lstm_tvm.kernels.contract import PANEL, TRANSPOSE_LANES
+
+    size = 32
+    assert size % PANEL == 0 and 4 * size % TRANSPOSE_LANES == 0  # the vector-tile copy applies
+    folder = _export(tmp_path / "export", "float32", ["BlockLSTMGrad"], sizes=(size, size))
+    inputs = testing.make_inputs("BlockLSTMGrad", dtype="float32", B=2, I=size, H=size,
+                                 attrs={"use_peephole": True}, seed=7, T=3)
+    ref = reference.run("BlockLSTMGrad", inputs, {"use_peephole": True})
+    for options in ((), ("--prepacked",)):
+        got = _run(runner, folder, "BlockLSTMGrad", inputs,
+                   tmp_path / f"run{''.join(options)}", *options)
+        for name, value in got.items():
+            testing.assert_close(value, ref[name], "float32", f"{name} {' '.join(options)}")
 
 
 def test_export_without_the_cross_compiler_names_what_to_install(tmp_path, monkeypatch):

@@ -14,8 +14,10 @@ from ._activations import ACC, clamp, const, sigmoid, tanh, unbound
 
 
 def f32(value):
-    """Widen a loaded value to the float32 compute type."""
-    return tirx.Cast(ACC, value)
+    """Widen a loaded value (a scalar or a vector) to the float32 compute type."""
+    kind = str(getattr(value, "ty", ""))
+    lanes = int(kind.rpartition("x")[2]) if "x" in kind else 1
+    return tirx.Cast(ACC if lanes == 1 else f"{ACC}x{lanes}", value)
 
 
 def store(value, dtype: str):

@@ -12,7 +12,7 @@ import dataclasses
 
 __all__ = ["FUSE_GROUP", "GATES", "GATE_ROW", "GATE_ROWS_BELOW", "GemmBlock", "K_SLAB",
            "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS",
-           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_TILE"]
+           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_LANES", "TRANSPOSE_TILE"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (``padded``), so a schedule can tile rows without bounds
@@ -20,8 +20,12 @@ __all__ = ["FUSE_GROUP", "GATES", "GATE_ROW", "GATE_ROWS_BELOW", "GemmBlock", "K
 ROW_TILE = 8
 #: Columns of a panel (see ``panels``): the register tile's width of GEMMs that read one.
 PANEL = 32
-#: Rows of the source a transposing ``panels`` copy walks per tile (one panel wide).
+#: Rows of the source a transposing ``panels`` copy walks per tile (one panel wide), where it
+#: copies element by element (GPU builds, row counts :data:`TRANSPOSE_LANES` does not divide).
 TRANSPOSE_TILE = 32
+#: The side of the square tiles a CPU's transposing ``panels`` copy moves through vector
+#: registers (a divisor of :data:`PANEL`).
+TRANSPOSE_LANES = 16
 #: Block annotation of ``KernelBuilder.spatial`` blocks in a fusion group (see there).
 FUSE_GROUP = "lstm_tvm.fuse_group"
 #: Block annotation of a product of a few rows inside a time step whose ``4H`` columns are
