@@ -168,3 +168,25 @@ def test_bind_names_what_it_refuses():
     free = {n: tvm.runtime.tensor(v) for n, v in inputs.items() if n != "seq_len_max"}
     with pytest.raises(TypeError, match=r"input\(s\) \['w'\] are bound"):
         bound(seq_len_max=3, **free)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("op_name", ["BlockLSTMGrad", "BlockLSTMGradV2"])
+def test_the_backward_transposes_w_through_vector_tiles(op_name, dtype):
+    """At I=32, H=64 the backward's transposed panels of ``w`` (``panels(transpose=True)``:
+    ``w_t_x`` one panel, ``w_t_h`` two) are copied through vector registers, in the kernel
+    that packs ``w`` per call and in ``bind``'s pack: both match the reference."""
+    from lstm_tvm.kernels.contract import PANEL, TRANSPOSE_LANES
+
+    I_, H_ = 32, 64
+    assert I_ % PANEL == H_ % PANEL == 0 and 4 * H_ % TRANSPOSE_LANES == 0  # the vector-tile copy applies
+    attrs = {"use_peephole": True}
+    fn = lstm_tvm.compile(op_name, dtype=dtype, input_size=I_, cell_size=H_, **attrs)
+    inputs = testing.make_inputs(op_name, dtype=dtype, B=2, I=I_, H=H_, T=4, seed=3,
+                                 attrs=attrs)
+    ref = reference.run(op_name, inputs, testing.op_attrs(op_name, attrs))
+    unbound = lstm_tvm.raw_ops.run(op_name, inputs, attrs)
+    bound = _run_bound(fn.bind(w=inputs["w"]), op_name, inputs, dtype)
+    for name in registry.get_op(op_name).output_names:
+        testing.assert_close(getattr(unbound, name), ref[name], dtype, f"{name} (packed per call)")
+        testing.assert_close(bound[name], ref[name], dtype, f"{name} (bound)")
