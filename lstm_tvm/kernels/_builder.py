@@ -239,8 +239,8 @@ class KernelBuilder:
         :data:`TRANSPOSE_LANES` x :data:`TRANSPOSE_LANES`, each loaded as vectors along ``r``
         (rows of the source), transposed in registers (a butterfly of two-vector shuffles:
         at each level, the off-diagonal halves of each block swap) and stored as vectors along
-        ``c`` (a panel's rows). One element at a time, the stores were scalar and the copy ran
-        2.9x slower with AVX-512, 1.5x with AVX2 (docs/performance.md, "transposed weights in
+        ``c`` (a panel's rows). Copied one element at a time, every store was a scalar one,
+        and the copy took several times as long (docs/performance.md, "transposed weights in
         registers")."""
         v = TRANSPOSE_LANES
         row_tiles = rows // v
