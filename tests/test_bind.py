@@ -179,7 +179,8 @@ def test_the_backward_transposes_w_through_vector_tiles(op_name, dtype):
     from lstm_tvm.kernels.contract import PANEL, TRANSPOSE_LANES
 
     I_, H_ = 32, 64
-    assert I_ % PANEL == H_ % PANEL == 0 and 4 * H_ % TRANSPOSE_LANES == 0  # the vector-tile copy applies
+    # the vector-tile copy applies to both panels
+    assert I_ % PANEL == H_ % PANEL == 0 and 4 * H_ % TRANSPOSE_LANES == 0
     attrs = {"use_peephole": True}
     fn = lstm_tvm.compile(op_name, dtype=dtype, input_size=I_, cell_size=H_, **attrs)
     inputs = testing.make_inputs(op_name, dtype=dtype, B=2, I=I_, H=H_, T=4, seed=3,

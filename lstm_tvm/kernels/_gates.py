@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from .._tvm import tirx
+from .._tvm import tirx, tvm
 from ..validation import cell_clip_bound
 from ._activations import ACC, clamp, const, sigmoid, tanh, unbound
 
 
 def f32(value):
     """Widen a loaded value (a scalar or a vector) to the float32 compute type."""
-    kind = str(getattr(value, "ty", ""))
-    lanes = int(kind.rpartition("x")[2]) if "x" in kind else 1
-    return tirx.Cast(ACC if lanes == 1 else f"{ACC}x{lanes}", value)
+    lanes = tvm.DataType(str(value.ty)).lanes if hasattr(value, "ty") else 1
+    return tirx.Cast(str(tvm.DataType(ACC).with_lanes(lanes)), value)
 
 
 def store(value, dtype: str):

@@ -72,7 +72,7 @@ def schedule_cpu(op_name: str, func, target, failures: list | None = None,
                                             op_name)).mod["main"]
 
 
-def _apply_rules(sch: Schedule, block, traits, rules=RULES) -> None:
+def _apply_rules(sch: Schedule, block, traits, rules) -> None:
     for rule in rules:
         if rule(sch, block, traits) is not None:
             return
