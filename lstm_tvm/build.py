@@ -131,9 +131,14 @@ def _tuned_records(op, dtype, input_size, cell_size, attrs, target: ResolvedTarg
 def _tuned_records_at(op, dtype, input_size, cell_size, attrs, target_json, stamp) -> tuple:
     """The records of :func:`_tuned_records`, cached per database state (``stamp``): building
     them serialises traces, too slow for every ``raw_ops`` call."""
+    return records_of(_record_uses_at(op, dtype, input_size, cell_size, attrs, target_json,
+                                      stamp))
+
+
+def records_of(uses) -> tuple:
+    """:attr:`BuildSpec.tuned` for the records ``uses`` name (:func:`record_uses`' form)."""
     from .tuning import database
 
-    uses = _record_uses_at(op, dtype, input_size, cell_size, attrs, target_json, stamp)
     return tuple(sorted((u.block, u.best.task.key, database.trace_to_json(u.best.trace))
                         for u in uses if u.best is not None))
 

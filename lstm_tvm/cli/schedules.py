@@ -1,15 +1,22 @@
-"""``lstm-tvm schedules``: which tuning records a target's kernels use, block by block."""
+"""``lstm-tvm schedules``: which tuning records a target's kernels use, block by block, and
+with ``--compare`` whether they beat the kernel without some of them
+(:mod:`lstm_tvm.tuning.compare`)."""
 
 from __future__ import annotations
+
+import textwrap
 
 import click
 
 from .. import build as _build
 from .. import env
-from ..bench.cli_common import format_table, split_choices, target_option
+from .._progress import steps
+from ..bench.cli_common import format_table, parse_shapes, split_choices, target_option
 from ..bench import DEFAULT_SHAPES
+from ..bench.harness import describe_machine, machine
 from ..registry import DTYPES, KERNEL_OPS, get_op
 from ..targets import resolve
+from ..tuning import compare as _compare
 from ..tuning import database
 from ..validation import plain_attrs
 
@@ -41,7 +48,17 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
               help="Comma list of dtypes (float32, float16).")
 @click.option("--sizes", default=",".join(f"{i}x{h}" for i, h in DEFAULT_SIZES),
               show_default=True, help="Comma list of IxH (input and cell sizes) to report at.")
-def command(target, ops_, dtypes, sizes):
+@click.option("--compare", "compare_shapes", default=None, metavar="SHAPES",
+              help="Comma list of TxBxIxH: also time each kernel of --ops and --dtype at these "
+                   "shapes with its records against the same kernel --against fewer, both in "
+                   "this process, in turns (w bound).")
+@click.option("--against", type=click.Choice(list(_compare.AGAINST)), default="shipped",
+              show_default=True,
+              help="What --compare's other kernel leaves out: the user's records (shipped), "
+                   "the target's own key's (borrowed) or every record (rules).")
+@click.option("--turns", type=click.IntRange(min=1), default=11, show_default=True,
+              help="Turns of --compare (5 calls of each kernel a turn).")
+def command(target, ops_, dtypes, sizes, compare_shapes, against, turns):
     """Say which tuning records a target's kernels use, block by block, and where they come from.
 
     Lookups read the user's records (written by `lstm-tvm tune`; LSTM_TVM_SCHEDULES_DIR
@@ -50,6 +67,10 @@ def command(target, ops_, dtypes, sizes):
     vector extension (and, on x86, vendor). Each GEMM block of a kernel (a tuning task) takes
     its own key's record if there is one, else the borrowed key's, else keeps the rule-based
     schedule: the table says which, per kernel, dtype and size (T and B do not matter).
+
+    With --compare, each kernel is also built --against fewer records and both are timed in
+    turns in one process; the ratio (the other's time over this one's, the median over the
+    turns, quartiles in brackets) is above 1 where the records make the kernel faster.
     """
     kernels = split_choices(ops_, KERNEL_OPS, "--ops")
     dts = split_choices(dtypes, DTYPES, "--dtype")
@@ -71,6 +92,38 @@ def command(target, ops_, dtypes, sizes):
                                     for name in kernels for dtype in dts for i, h in size_list],
                                    headers=("op", "dtype", "IxH")))
     click.echo(f"uses: {database.describe_use(resolved)}")
+    if compare_shapes is not None:
+        try:
+            shapes = parse_shapes(compare_shapes)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--compare") from None
+        _print_comparisons(kernels, dts, shapes, against, turns, resolved)
+
+
+def _print_comparisons(kernels, dts, shapes, against, turns, resolved) -> None:
+    cases = [(name, dtype, shape) for name in kernels for dtype in dts for shape in shapes]
+    results = []
+    with steps(len(cases), "compare", unit="kernel") as progress:
+        for name, dtype, shape in cases:
+            progress.set_postfix_str(f"{name} {dtype} {'x'.join(map(str, shape))}")
+            results.append(_compare.compare(name, shape, against, dtype=dtype, target=resolved,
+                                            turns=turns))
+            progress.update()
+    click.echo("")
+    click.echo(textwrap.fill(f"machine: {describe_machine(machine())}", 100,
+                             subsequent_indent="  "))
+    click.echo(textwrap.fill(f"compared {_compare.AGAINST[against]} (--against {against}), w "
+                             f"bound, {turns} turns of 5 calls each, in one process:", 100,
+                             subsequent_indent="  "))
+    rows = []
+    for r in results:
+        timed = r.ratio is not None
+        rows.append((r.op, r.dtype, "x".join(map(str, r.shape)), r.records, r.against,
+                     f"{r.ms:.3f}" if timed else "-", f"{r.against_ms:.3f}" if timed else "-",
+                     f"{r.ratio:.3f} ({r.quartiles[0]:.3f}-{r.quartiles[1]:.3f})" if timed
+                     else "same records"))
+    click.echo(format_table(("op", "dtype", "TxBxIxH", "records", "against", "ms",
+                             "against ms", "against / records"), rows, right=(5, 6)))
 
 
 def _uses(name: str, dtype: str, input_size: int, cell_size: int, target) -> list:
