@@ -1,5 +1,5 @@
 """``lstm-tvm schedules --compare``: a kernel with its tuning records against the same kernel
-with fewer, both built and timed in one process (:mod:`lstm_tvm.tuning.compare`).
+with fewer, both built and timed in one process (:mod:`lstm_tvm.bench.records`).
 
 The kernels run on this machine, whose records (its own key's or borrowed) hold the I = H = 256
 tasks of the shipped databases on the AVX-512 CPUs lstm_tvm ships records for; elsewhere (an
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from lstm_tvm import api, build, cli, reference, testing
 from lstm_tvm._tvm import tvm
 from lstm_tvm.registry import get_op
-from lstm_tvm.tuning import compare
+from lstm_tvm.bench import records as compare
 from lstm_tvm.validation import plain_attrs
 
 SIZE = 256

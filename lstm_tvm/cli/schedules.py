@@ -1,6 +1,6 @@
 """``lstm-tvm schedules``: which tuning records a target's kernels use, block by block, and
 with ``--compare`` whether they beat the kernel without some of them
-(:mod:`lstm_tvm.tuning.compare`)."""
+(:mod:`lstm_tvm.bench.records`)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from .. import env
 from .._progress import steps
 from ..bench.cli_common import format_table, parse_shapes, split_choices, target_option
 from ..bench import DEFAULT_SHAPES
+from ..bench.records import AGAINST, compare
 from ..bench.harness import describe_machine, machine
 from ..registry import DTYPES, KERNEL_OPS, get_op
 from ..targets import resolve
-from ..tuning import compare as _compare
 from ..tuning import database
 from ..validation import plain_attrs
 
@@ -52,7 +52,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
               help="Comma list of TxBxIxH: also time each kernel of --ops and --dtype at these "
                    "shapes with its records against the same kernel --against fewer, both in "
                    "this process, in turns (w bound).")
-@click.option("--against", type=click.Choice(list(_compare.AGAINST)), default="shipped",
+@click.option("--against", type=click.Choice(list(AGAINST)), default="shipped",
               show_default=True,
               help="What --compare's other kernel leaves out: the user's records (shipped), "
                    "the target's own key's (borrowed) or every record (rules).")
@@ -106,13 +106,13 @@ def _print_comparisons(kernels, dts, shapes, against, turns, resolved) -> None:
     with steps(len(cases), "compare", unit="kernel") as progress:
         for name, dtype, shape in cases:
             progress.set_postfix_str(f"{name} {dtype} {'x'.join(map(str, shape))}")
-            results.append(_compare.compare(name, shape, against, dtype=dtype, target=resolved,
+            results.append(compare(name, shape, against, dtype=dtype, target=resolved,
                                             turns=turns))
             progress.update()
     click.echo("")
     click.echo(textwrap.fill(f"machine: {describe_machine(machine())}", 100,
                              subsequent_indent="  "))
-    click.echo(textwrap.fill(f"compared {_compare.AGAINST[against]} (--against {against}), w "
+    click.echo(textwrap.fill(f"compared {AGAINST[against]} (--against {against}), w "
                              f"bound, {turns} turns of 5 calls each, in one process:", 100,
                              subsequent_indent="  "))
     rows = []

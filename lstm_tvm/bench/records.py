@@ -24,10 +24,11 @@ import numpy as np
 
 from .. import build as _build
 from .. import testing
+from .._tvm import tvm
 from ..api import CompiledOp
 from ..registry import get_op
 from ..validation import plain_attrs
-from . import database
+from ..tuning import database
 
 __all__ = ["AGAINST", "Comparison", "compare", "records_without"]
 
@@ -57,8 +58,9 @@ class Comparison:
 
 
 def records_without(spec: _build.BuildSpec, against: str) -> tuple:
-    """The ``tuned`` records of ``spec``'s kernel when the databases ``against`` names (see the
-    module doc) are left out, with the labels of their sources."""
+    """``(tuned, uses)``: the records ``spec``'s kernel takes when the databases ``against``
+    names (see the module doc) are left out, as :attr:`~lstm_tvm.build.BuildSpec.tuned` and as
+    the record uses (:func:`lstm_tvm.build.record_uses`' form) they come from."""
     if against not in AGAINST:
         raise ValueError(f"against expected one of {list(AGAINST)}, got {against!r}")
     if against == "rules":
@@ -74,7 +76,8 @@ def compare(op_name: str, shape: tuple, against: str = "shipped", *, dtype: str 
             target="llvm", turns: int = 11, calls: int = 5, seed: int = 0) -> Comparison:
     """Time ``op_name`` at ``shape`` (``(T, B, I, H)``; ``T`` unused by the cell ops) with its
     records and ``against`` fewer (see the module doc), ``w`` bound, in ``turns`` turns of
-    ``calls`` calls of each; outputs checked equal within float32's rounding first."""
+    ``calls`` calls of each; their outputs are checked to agree within ``dtype``'s tolerance
+    first."""
     T, B, I, H = shape
     attrs = plain_attrs(get_op(op_name))
     spec = _build.make_spec(op_name, dtype, I, H, attrs, target)
@@ -91,8 +94,6 @@ def compare(op_name: str, shape: tuple, against: str = "shipped", *, dtype: str 
     if "w" in inputs:
         w = inputs.pop("w")
         kernels = [k.bind(w=w) for k in kernels]
-    import tvm
-
     args = {n: tvm.runtime.tensor(v) if v.ndim else v for n, v in inputs.items()}
     outs = [k(**args) for k in kernels]
     for name, a, b in zip(outs[0]._fields, *outs):
