@@ -30,12 +30,14 @@ from ..registry import get_op
 from ..validation import plain_attrs
 from ..tuning import database
 
-__all__ = ["AGAINST", "Comparison", "compare", "records_without"]
+__all__ = ["AGAINST", "CALLS", "Comparison", "compare", "records_without"]
 
 #: What :func:`compare` can leave out, and how to say so.
 AGAINST = {"shipped": "without the user's records",
            "borrowed": "without the target's own records",
            "rules": "without any record"}
+#: Calls of each kernel a turn of :func:`compare` times (their median is the turn's time).
+CALLS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +75,7 @@ def records_without(spec: _build.BuildSpec, against: str) -> tuple:
 
 
 def compare(op_name: str, shape: tuple, against: str = "shipped", *, dtype: str = "float32",
-            target="llvm", turns: int = 11, calls: int = 5, seed: int = 0) -> Comparison:
+            target="llvm", turns: int = 11, calls: int = CALLS, seed: int = 0) -> Comparison:
     """Time ``op_name`` at ``shape`` (``(T, B, I, H)``; ``T`` unused by the cell ops) with its
     records and ``against`` fewer (see the module doc), ``w`` bound, in ``turns`` turns of
     ``calls`` calls of each; their outputs are checked to agree within ``dtype``'s tolerance

@@ -13,7 +13,7 @@ from .. import env
 from .._progress import steps
 from ..bench.cli_common import format_table, parse_shapes, split_choices, target_option
 from ..bench import DEFAULT_SHAPES
-from ..bench.records import AGAINST, compare
+from ..bench.records import AGAINST, CALLS, compare
 from ..bench.harness import describe_machine, machine
 from ..registry import DTYPES, KERNEL_OPS, get_op
 from ..targets import resolve
@@ -57,7 +57,7 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
               help="What --compare's other kernel leaves out: the user's records (shipped), "
                    "the target's own key's (borrowed) or every record (rules).")
 @click.option("--turns", type=click.IntRange(min=1), default=11, show_default=True,
-              help="Turns of --compare (5 calls of each kernel a turn).")
+              help=f"Turns of --compare ({CALLS} calls of each kernel a turn).")
 def command(target, ops_, dtypes, sizes, compare_shapes, against, turns):
     """Say which tuning records a target's kernels use, block by block, and where they come from.
 
@@ -107,13 +107,13 @@ def _print_comparisons(kernels, dts, shapes, against, turns, resolved) -> None:
         for name, dtype, shape in cases:
             progress.set_postfix_str(f"{name} {dtype} {'x'.join(map(str, shape))}")
             results.append(compare(name, shape, against, dtype=dtype, target=resolved,
-                                            turns=turns))
+                                   turns=turns))
             progress.update()
     click.echo("")
     click.echo(textwrap.fill(f"machine: {describe_machine(machine())}", 100,
                              subsequent_indent="  "))
     click.echo(textwrap.fill(f"compared {AGAINST[against]} (--against {against}), w "
-                             f"bound, {turns} turns of 5 calls each, in one process:", 100,
+                             f"bound, {turns} turns of {CALLS} calls each, in one process:", 100,
                              subsequent_indent="  "))
     rows = []
     for r in results:
