@@ -81,8 +81,7 @@ def compare(op_name: str, shape: tuple, against: str = "shipped", *, dtype: str 
     ``calls`` calls of each; their outputs are checked to agree within ``dtype``'s tolerance
     first."""
     T, B, I, H = shape
-    attrs = plain_attrs(get_op(op_name))
-    spec = _build.make_spec(op_name, dtype, I, H, attrs, target)
+    spec = _build.make_spec(op_name, dtype, I, H, plain_attrs(get_op(op_name)), target)
     fewer, fewer_uses = records_without(spec, against)
     label = _labels(_build.record_uses(spec))
     other_label = _labels(fewer_uses)
@@ -90,9 +89,7 @@ def compare(op_name: str, shape: tuple, against: str = "shipped", *, dtype: str 
     if fewer == spec.tuned:
         return result
     kernels = [CompiledOp(spec), CompiledOp(dataclasses.replace(spec, tuned=fewer))]
-    inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H,
-                                 **({"T": T} if get_op(op_name).kind == "sequence" else {}),
-                                 seed=seed)
+    inputs = testing.make_inputs(op_name, dtype=dtype, T=T, B=B, I=I, H=H, seed=seed)
     if "w" in inputs:
         w = inputs.pop("w")
         kernels = [k.bind(w=w) for k in kernels]
