@@ -47,12 +47,13 @@ def _threads() -> set[int]:
 
 
 class Placement:
-    """The core each launching thread runs its kernels on (see the module doc)."""
+    """The core each launching thread runs its kernels on (see the module doc); with ``pin``
+    False, none: the OS places every thread."""
 
-    def __init__(self):
+    def __init__(self, pin: bool = True):
         self._core: dict[int, int] = {}  # launching thread -> its core, or _UNPINNED
         self._watched: dict[int, int] = {}
-        self._on = enabled()
+        self._on = pin and enabled()
 
     def run(self, func, args):
         """``func(*args)`` (a kernel) with the calling thread on its core."""

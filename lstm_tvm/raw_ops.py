@@ -82,11 +82,14 @@ def _native(array: np.ndarray) -> np.ndarray:
 
 
 def run(op_name: str, inputs: Mapping, attrs: Mapping | None = None, *, target="llvm",
-        device=None):
+        device=None, threads: int | None = None):
     """Run ``op_name`` (a TF op or a helper of :data:`lstm_tvm.registry.KERNEL_OPS`) on
     NumPy-convertible ``inputs`` with ``attrs`` on ``target`` (and ``device``, default: device
-    0 of the target's kind); see the module doc."""
-    return _execute(*_planned(op_name, inputs, attrs, target, device))
+    0 of the target's kind); see the module doc. ``threads``: at most this many CPU threads
+    for the kernel (default: one per usable core, as TVM's pool)."""
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise ValueError(f"{op_name}: threads expected an int >= 1 or None, got {threads!r}")
+    return _execute(*_planned(op_name, inputs, attrs, target, device), threads=threads)
 
 
 def _planned(op_name: str, inputs: Mapping, attrs, target, device):
@@ -114,9 +117,10 @@ def _planned(op_name: str, inputs: Mapping, attrs, target, device):
     return op, plan, [arrays[n] for n in plan.tensors], arrays.get("seq_len_max")
 
 
-def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
+def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max, threads=None):
     """Run ``plan`` on ``tensors`` (its tensor inputs in kernel order, checked by the plan's
-    first call or matched to it by :class:`_Repeat`) and ``seq_len_max`` (checked here)."""
+    first call or matched to it by :class:`_Repeat`) and ``seq_len_max`` (checked here), on
+    at most ``threads`` CPU threads (see :func:`run`)."""
     result = output_tuple(op.name)
     seq_len = (check_seq_len_max(op, seq_len_max, plan.T),) if plan.T is not None else ()
     if plan.compiled is None:  # an empty input: every output is empty or zero
@@ -128,7 +132,8 @@ def _execute(op: OpSpec, plan: "_Plan", tensors: list, seq_len_max):
     staging = borrow_staging(tensors, plan, plan.unread)
     outputs = plan.layout.borrow(plan)
     try:
-        launch(plan.compiled.func, *seq_len, *staging.tensors_of(tensors), *outputs.tensors)
+        launch(plan.compiled.func, *seq_len, *staging.tensors_of(tensors), *outputs.tensors,
+               threads=threads)
         return result(*outputs.arrays)  # held before the buffer is given back
     except ValueError as err:  # the kernel's own argument checks
         raise kernel_error(op.name, err, plan.compiled._roles) from err

@@ -9,6 +9,7 @@ the run) and checks every result against the float64 reference, each call on inp
 own, so that a buffer lent to two calls at once would show."""
 
 import json
+import re
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,8 @@ import pytest
 from _ort_harness import run_child
 
 import lstm_tvm
-from lstm_tvm import _host_arrays, reference, testing
+from lstm_tvm import _host_arrays, _launch, reference, testing
+from lstm_tvm.env import usable_cores
 
 #: Sizes at which ``x`` and ``w`` pass the in-place threshold (16 KiB) and the small inputs
 #: are staged: both paths of the CPU dispatch run.
@@ -84,15 +86,57 @@ s = session(lo.make_forward_backward_model("BlockLSTMV2", input_size=I, cell_siz
 for call in range(4):
     check(run(s, feeds), {**ref_fwd, **ref_bwd}, f"BlockLSTMV2 -> BlockLSTMGradV2, call {call}")
 print("ok forward-backward", flush=True)
+
+# the thread counts of the kernels the executor's pool threads launched, and their pools' sizes
+from lstm_tvm import _launch
+from lstm_tvm._tvm import tvm
+
+counts = sorted(k for k in _launch._state._threads if k is not None)
+pool_size = tvm.get_global_func("runtime.NumThreads")
+sizes = [_launch._state.thread(k).run(pool_size, ()) for k in counts]
+print("kernel threads", json.dumps({"asked": counts, "pools": sizes}))
 """
 
 
 @pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("route", ["pyop", "pyop_plain"])
 def test_onnxruntime_parallel_executor_runs_the_pyops(route, threads):
+    """Every result matches the reference; the PyOps on the executor's pool threads launch
+    their kernels with one core fewer than the process has (the thread that called ``run``
+    spins on one until they are done), on a pool of that size."""
     pytest.importorskip("onnxruntime_extensions")
     out = run_child(_ORT_PARALLEL, route, threads, json.dumps(SIZES))
     assert out.split().count("ok") == 4, out
+    used = json.loads(out.split("kernel threads", 1)[1].strip().splitlines()[0])
+    fewer = usable_cores() - 1
+    expected = [fewer] if 1 <= fewer < _launch.pool_threads() else []
+    assert used == {"asked": expected, "pools": expected}, used
+
+
+def test_a_kernel_asked_for_fewer_threads_runs_on_a_pool_of_that_size():
+    """``raw_ops.run(..., threads=k)`` below the pool's size runs on a kernel thread of
+    lstm_tvm's whose TVM pool has ``k`` threads; the results are the reference's."""
+    import tvm
+
+    op_name = "BlockLSTMGrad"
+    attrs = {"use_peephole": True}
+    inputs = testing.make_inputs(op_name, seed=7, attrs=attrs, **SIZES)
+    outputs = lstm_tvm.raw_ops.run(op_name, inputs, attrs, threads=1)._asdict()
+    for name, ref in reference.run(op_name, inputs, attrs).items():
+        testing.assert_close(outputs[name], ref, "float32", f"{op_name} on 1 thread: {name}")
+    if _launch.pool_threads() > 1:
+        size = _launch._state.thread(1).run(tvm.get_global_func("runtime.NumThreads"), ())
+        assert size == 1
+    else:
+        assert 1 not in _launch._state._threads  # the pool's own size: the usual path
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True, "2"])
+def test_threads_must_be_a_positive_int(threads):
+    inputs = testing.make_inputs("BlockLSTM", **SIZES)
+    with pytest.raises(ValueError, match=r"BlockLSTM: threads expected an int >= 1 or None, "
+                                         rf"got {re.escape(repr(threads))}"):
+        lstm_tvm.raw_ops.run("BlockLSTM", inputs, threads=threads)
 
 
 _TF_GRAPH = _CHECK + """

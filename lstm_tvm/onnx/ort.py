@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from .. import raw_ops
+from ..env import usable_cores
 from ..registry import OPS, OpSpec, eval_dim
 from ._prepare import float16_nodes, prepare_model
 from .contract import check_model
@@ -122,6 +123,18 @@ def _fail(op: OpSpec, exc: BaseException, arrays):
     return _fallback_outputs(op, arrays)
 
 
+def _kernel_threads() -> int | None:
+    """The CPU threads a PyOp's kernel may use: one core fewer on a thread ONNX Runtime
+    started (its parallel executor runs nodes there while the thread that called ``run``
+    spins on a core until they are done: a kernel on every core, its threads meeting at a
+    barrier every step, would wait for that core's time slices; docs/performance.md); None
+    (every core) on a thread Python started (the sequential executor runs nodes on the
+    caller's thread)."""
+    if isinstance(threading.current_thread(), threading._DummyThread):
+        return max(1, usable_cores() - 1)
+    return None
+
+
 def _make_kernel(op: OpSpec):
     bools = {a.name for a in op.attrs if a.type is bool}
 
@@ -133,7 +146,8 @@ def _make_kernel(op: OpSpec):
             if bad:
                 raise TypeError(f"{op.name}: attributes {bad} expected 0 or 1")
             attrs = {k: (bool(v) if k in bools else float(v)) for k, v in attrs.items()}
-            out = raw_ops.run(op.name, dict(zip(op.input_names, arrays)), attrs)
+            out = raw_ops.run(op.name, dict(zip(op.input_names, arrays)), attrs,
+                              threads=_kernel_threads())
             return tuple(np.ascontiguousarray(o, dtype=np.float32) for o in out)
         except BaseException as exc:  # noqa: BLE001 - an escaping exception aborts the process
             return _fail(op, exc, arrays)
