@@ -37,13 +37,30 @@ def meta_schedule():
     ``<frozen importlib._bootstrap>`` (an import in progress) ``inspect.getmodule`` finds no
     file to cache and scans all of ``sys.modules``, every frame, every function: most of a
     short tuning session's time (docs/performance.md). Naming those frames' modules in
-    ``inspect``'s own file-to-module cache first makes each lookup a dictionary access.
+    ``inspect``'s own file-to-module cache first makes each lookup a dictionary access. The
+    frames of code TVMScript compiles and runs (files ``<string>`` and ``<ast>``) belong to no
+    module: each lookup scanned ``sys.modules`` to find none. While the intrinsics register,
+    the cache names a module that does not exist for them, which gives the same answer (None)
+    at once; those two entries are removed afterwards (elsewhere ``inspect`` may find a
+    ``<string>`` function in ``__main__``).
     """
     for name in ("importlib._bootstrap", "importlib._bootstrap_external"):
         inspect.modulesbyfile.setdefault(f"<frozen {name}>", name)
-    import tvm.s_tir.tensor_intrin  # noqa: F401 (registers the intrinsics)
+    unowned = [f for f in ("<string>", "<ast>") if f not in inspect.modulesbyfile]
+    for name in unowned:
+        inspect.modulesbyfile[name] = _NO_MODULE
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401 (registers the intrinsics)
+    finally:
+        for name in unowned:
+            if inspect.modulesbyfile.get(name) == _NO_MODULE:
+                del inspect.modulesbyfile[name]
     from tvm.s_tir import meta_schedule as ms
     return ms
+
+
+#: A module name no module has (``inspect.modulesbyfile``'s answer for files of no module).
+_NO_MODULE = "<no module>"
 
 
 @functools.cache

@@ -392,3 +392,34 @@ def test_tune_says_when_a_task_exhausts_its_space(schedules, tmp_path, monkeypat
     assert (again.trials, again.distinct, again.exhausted) == (size, size, True)
     (fewer,) = tune(*args, trials=2, seed=0, progress=False)
     assert not fewer.exhausted and session.exhaustion_report([fewer]) == []
+
+
+_REGISTER_INTRINSICS = """
+import inspect
+import json
+
+from tvm.s_tir import TensorIntrin
+from lstm_tvm._tvm import meta_schedule
+
+before = dict(inspect.modulesbyfile)
+ms = meta_schedule()
+names = ["wmma_sync_16x16x16_f16f16f32", "wmma_load_16x16x16_f16_a_shared", "dot_16x4_vnni"]
+print(json.dumps({"found": [TensorIntrin.get(n, allow_missing=True) is not None for n in names],
+                  "left": sorted(k for k in inspect.modulesbyfile if k not in before
+                                 and k.startswith("<")),
+                  "tune_context": hasattr(ms, "TuneContext")}))
+"""
+
+
+def test_meta_schedule_registers_tvms_tensor_intrinsics_and_leaves_inspect_as_it_was():
+    """In a fresh process (the intrinsics register once per process): TVM's CUDA and x86
+    intrinsics are registered, and the file-to-module entries set to speed their registration
+    up for files of no module (``<string>``, ``<ast>``) are gone afterwards."""
+    done = subprocess.run([sys.executable, "-c", _REGISTER_INTRINSICS], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["found"] == [True, True, True] and report["tune_context"], report
+    # the frozen importlib frames' entries name their real modules and may stay
+    assert set(report["left"]) <= {"<frozen importlib._bootstrap>",
+                                   "<frozen importlib._bootstrap_external>"}, report
