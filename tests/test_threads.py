@@ -93,8 +93,8 @@ from lstm_tvm._tvm import tvm
 
 counts = sorted(k for k in _launch._state._threads if k is not None)
 pool_size = tvm.get_global_func("runtime.NumThreads")
-sizes = [_launch._state.thread(k).run(pool_size, ()) for k in counts]
-print("kernel threads", json.dumps({"asked": counts, "pools": sizes}))
+pools = [_launch._state.thread(k).run(pool_size, ()) for k in counts]
+print("kernel threads", json.dumps({"asked": counts, "pools": pools}))
 """
 
 
