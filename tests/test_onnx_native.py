@@ -9,6 +9,7 @@ Errors of this route are exercised in tests/test_onnx_ort_errors.py.
 import ctypes
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from _ort_harness import child_script, open_session, run_child, run_session
 
 from lstm_tvm import onnx as lo
+from lstm_tvm.env import usable_cores
 from lstm_tvm import reference, testing
 from lstm_tvm.registry import OPS
 
@@ -167,6 +169,7 @@ for op in ("BlockLSTMV2", "BlockLSTMGradV2", "LSTMBlockCellGrad"):
         for name, ref in expected.items():
             testing.assert_close(out[name], ref, "float32", f"{op} x3 call {call}: {name}")
     print("ok", op, flush=True)
+print("kernel threads", native.kernel_threads(library), flush=True)
 """
 
 
@@ -177,6 +180,52 @@ def test_parallel_executor_runs_the_native_route(library, exports, threads):
     out = run_child(_PARALLEL, library, exports["f32"], threads,
                     json.dumps({"T": T, "B": B, "I": I, "H": H}))
     assert out.split().count("ok") == 3, out
+    # the thread that called run spins on a core: each kernel ran on one core fewer
+    assert f"kernel threads {max(1, usable_cores() - 1)}" in out, out
+
+
+def test_kernel_threads_entry_is_checked(library, exports):
+    """The library refuses a CONFIG_KERNEL_THREADS that is not an int >= 1 when registered,
+    naming the entry and the value; the sequential executor leaves the entry unset."""
+    for bad in ("0", "two", "-3", "1.5"):
+        options = ort.SessionOptions()
+        options.add_session_config_entry(native.CONFIG_KERNEL_THREADS, bad)
+        with pytest.raises(Exception, match=f"{native.CONFIG_KERNEL_THREADS}: expected an int "
+                                            f">= 1 .*got '{bad}'"):
+            native.session_options([exports["f32"]], library, base=options)
+    options = native.session_options([exports["f32"]], library)
+    with pytest.raises(RuntimeError):
+        options.get_session_config_entry(native.CONFIG_KERNEL_THREADS)
+
+
+def test_cmake_example_builds_the_library(exports, tmp_path):
+    """``examples/ort/CMakeLists.txt`` (the guide's command) builds a library with the same
+    definitions as :func:`native.build_command`, which registers and runs a node."""
+    cmake = shutil.which("cmake")
+    if cmake is None or shutil.which("g++") is None:
+        pytest.skip("no cmake or g++ here")
+    try:
+        native.ort_include_dir()
+    except FileNotFoundError as err:
+        pytest.skip(f"no ONNX Runtime headers: {err}")
+    example = Path(__file__).resolve().parents[1] / "examples" / "ort"
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    for cmd in ([cmake, "-S", str(example), "-B", str(tmp_path),
+                 f"-DPython3_EXECUTABLE={sys.executable}"],
+                [cmake, "--build", str(tmp_path), "--", "VERBOSE=1"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name, value in native.compile_definitions().items():
+        assert f"-D{name}={value}".replace('"', '\\"') in done.stdout, name
+    built = tmp_path / "liblstm_tvm_ort.so"
+    assert native.api_version(built) == native.ORT_HEADERS_API_VERSION
+    inputs = testing.make_inputs("BlockLSTMV2", B=B, I=I, H=H, T=T, attrs=PEEPHOLE, seed=5)
+    model = lo.make_model("BlockLSTMV2", "float32", input_size=I, cell_size=H, attrs=PEEPHOLE,
+                          with_functions=False)
+    session = open_session(model, "native", exports=[exports["f32"]], library=built)
+    out = run_session(session, inputs, align=True)
+    for name, expected in reference.run("BlockLSTMV2", inputs, PEEPHOLE).items():
+        testing.assert_close(out[name], expected, "float32", name)
 
 
 def test_export_chosen_by_attributes_and_dims(library, exports):

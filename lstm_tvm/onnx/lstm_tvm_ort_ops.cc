@@ -2,7 +2,8 @@
 //
 // ONNX Runtime loads it with SessionOptions.register_custom_ops_library (C API:
 // RegisterCustomOpsLibrary_V2) and calls RegisterCustomOps below, which reads the session config
-// entry "lstm_tvm.export_dirs" (export folders written by `lstm-tvm export`, separated by ':'),
+// entry LSTM_TVM_ORT_CONFIG_EXPORT_DIRS (export folders written by `lstm-tvm export`, separated
+// by ':'),
 // loads each folder's lstm_tvm_ops.so with TVM's runtime and registers, in the domain
 // LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN, defined on the compiler's command line), one op
 // per (op, dtype) found in the manifests. Everything about an op (inputs, outputs, dtypes,
@@ -24,10 +25,17 @@
 // mistyped attribute, a wrong rank or shape, seq_len_max outside [0, T], a TVM error) is an
 // OrtStatus: ONNX Runtime raises it, nothing aborts.
 //
+// TVM gives every thread that launches a kernel a thread pool of its own. With the optional
+// session config entry LSTM_TVM_ORT_CONFIG_KERNEL_THREADS (an int >= 1; lstm_tvm sets it for
+// ONNX Runtime's parallel executor, whose thread that called Run spins on a core until the
+// nodes are done) each thread running one of the session's nodes sizes its pool to that many
+// threads before its kernel; unset, a kernel uses every core.
+//
 // Headers: ONNX Runtime's onnxruntime_c_api.h (C API only; any ORT_API_VERSION up to the
 // runtime's, the C API is backward compatible) and tvm-ffi's. Libraries: libtvm_runtime.so
 // (--no-as-needed: the kernels call its thread pool) and libtvm_ffi.so; not libonnxruntime.
-// lstm_tvm.onnx.native.build_command() prints the g++ line.
+// lstm_tvm.onnx.native.build_command() prints the g++ line; the LSTM_TVM_* macros below are
+// lstm_tvm.onnx.native.compile_definitions().
 
 #include <dlpack/dlpack.h>
 #include <onnxruntime_c_api.h>
@@ -42,6 +50,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -61,6 +70,9 @@
 #ifndef LSTM_TVM_POOL_SPIN_COUNT
 #error "define LSTM_TVM_POOL_SPIN_COUNT (lstm_tvm.env.POOL_SPIN_COUNT), e.g. -DLSTM_TVM_POOL_SPIN_COUNT='\"1000\"'"
 #endif
+#if !defined(LSTM_TVM_ORT_CONFIG_EXPORT_DIRS) || !defined(LSTM_TVM_ORT_CONFIG_KERNEL_THREADS)
+#error "define LSTM_TVM_ORT_CONFIG_EXPORT_DIRS and LSTM_TVM_ORT_CONFIG_KERNEL_THREADS (lstm_tvm.onnx.native.compile_definitions())"
+#endif
 
 namespace ffi = tvm::ffi;
 using JsonObject = ffi::Map<ffi::Any, ffi::Any>;
@@ -68,12 +80,14 @@ using JsonArray = ffi::Array<ffi::Any>;
 
 namespace {
 
-constexpr const char* kConfigKey = "lstm_tvm.export_dirs";
+constexpr const char* kConfigKey = LSTM_TVM_ORT_CONFIG_EXPORT_DIRS;
+constexpr const char* kThreadsKey = LSTM_TVM_ORT_CONFIG_KERNEL_THREADS;
 constexpr size_t kAlignment = 64;  // TVM's allocation alignment; the kernels assume it
 
 const OrtApi* g_api = nullptr;
 std::atomic<int64_t> g_copies{0};
 std::atomic<int64_t> g_prepacked{0};
+std::atomic<int64_t> g_kernel_threads{0};  // the size pools were last given (0: none)
 
 // An error that becomes an OrtStatus with this code.
 struct OrtError : std::runtime_error {
@@ -555,8 +569,21 @@ std::unique_ptr<Panels> PackConstantW(const OrtKernelInfo* info, const ExportedO
   return panels;
 }
 
+// Size the calling thread's TVM pool to `threads` (0: leave it, every core) before its first
+// kernel, and again if a session asks for another size.
+void SizeCallingThreadsPool(int threads) {
+  thread_local int sized = 0;
+  if (threads <= 0 || sized == threads) return;
+  static const auto config = ffi::Function::GetGlobal("runtime.config_threadpool");
+  if (!config) Fail("TVM's runtime has no runtime.config_threadpool to size its thread pool");
+  (*config)(1, threads);  // 1: TVM's kBig affinity mode, every core (x86 has no little ones)
+  sized = threads;
+  g_kernel_threads = threads;
+}
+
 struct Kernel {
   std::string op_name, node_name;
+  int threads = 0;  // of the session's LSTM_TVM_ORT_CONFIG_KERNEL_THREADS; 0: every core
   std::vector<std::shared_ptr<const ExportedOp>> candidates;  // same op, dtype and attributes
   std::map<const ExportedOp*, std::unique_ptr<Panels>> packed;  // candidates with a constant w
 
@@ -647,6 +674,7 @@ struct Kernel {
       tensors[k] = CpuTensor(data, shapes[k], p.dtype);
       args[k] = &tensors[k];
     }
+    SizeCallingThreadsPool(threads);
     ffi::Any result;
     if (panels != nullptr) {  // read only here: calls may run concurrently
       auto at = args.begin() + static_cast<std::ptrdiff_t>(k_in);  // after the inputs
@@ -671,6 +699,7 @@ struct LstmOp : OrtCustomOp {
   std::string name;
   std::vector<ONNXTensorElementDataType> input_types, output_types;
   std::vector<std::shared_ptr<const ExportedOp>> exports;
+  int threads = 0;  // LSTM_TVM_ORT_CONFIG_KERNEL_THREADS of the session options; 0: unset
 
   explicit LstmOp(const ExportedOp& first) : OrtCustomOp{} {
     name = first.op;
@@ -731,6 +760,7 @@ struct LstmOp : OrtCustomOp {
   Kernel* Create(const OrtKernelInfo* info) const {
     auto kernel = std::make_unique<Kernel>();
     kernel->op_name = name;
+    kernel->threads = threads;
     size_t size = 0;
     if (g_api->KernelInfo_GetNodeName(info, nullptr, &size) == nullptr && size > 1) {
       std::string node(size, '\0');
@@ -774,25 +804,43 @@ struct LstmOp : OrtCustomOp {
   }
 };
 
-std::string ConfigEntry(const OrtSessionOptions* options) {
+// The session config entry `key`; `missing` if it is not set.
+std::string ConfigEntry(const OrtSessionOptions* options, const char* key,
+                        const std::string& missing) {
   int has = 0;
-  Check(g_api->HasSessionConfigEntry(options, kConfigKey, &has), "config");
-  if (!has) {
-    Fail(std::string("set the session config entry ") + kConfigKey +
-         " (export folders separated by ':') before registering this library");
-  }
+  Check(g_api->HasSessionConfigEntry(options, key, &has), "config");
+  if (!has) return missing;
   size_t size = 0;
-  Check(g_api->GetSessionConfigEntry(options, kConfigKey, nullptr, &size), "config");
+  Check(g_api->GetSessionConfigEntry(options, key, nullptr, &size), "config");
   std::string value(size, '\0');
-  Check(g_api->GetSessionConfigEntry(options, kConfigKey, value.data(), &size), "config");
+  Check(g_api->GetSessionConfigEntry(options, key, value.data(), &size), "config");
   return value.c_str();
+}
+
+// LSTM_TVM_ORT_CONFIG_KERNEL_THREADS: 0 when unset.
+int KernelThreads(const OrtSessionOptions* options) {
+  std::string text = ConfigEntry(options, kThreadsKey, "");
+  if (text.empty()) return 0;
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (errno != 0 || *end != '\0' || value < 1 || value > 4096) {
+    Fail(std::string("session config entry ") + kThreadsKey +
+         ": expected an int >= 1 (threads of each kernel), got '" + text + "'");
+  }
+  return static_cast<int>(value);
 }
 
 // Ops and domains live as long as the process: sessions keep pointers to them.
 std::vector<std::unique_ptr<LstmOp>> g_ops;
 
 void Register(OrtSessionOptions* options) {
-  std::string dirs = ConfigEntry(options);
+  std::string dirs = ConfigEntry(options, kConfigKey, "");
+  if (dirs.empty()) {
+    Fail(std::string("set the session config entry ") + kConfigKey +
+         " (export folders separated by ':') before registering this library");
+  }
+  int threads = KernelThreads(options);
   std::map<std::pair<std::string, std::string>, std::unique_ptr<LstmOp>> ops;  // (op, dtype)
   std::stringstream ss(dirs);
   std::string dir;
@@ -800,7 +848,10 @@ void Register(OrtSessionOptions* options) {
     if (dir.empty()) continue;
     for (const auto& e : LoadExport(dir)) {
       auto& op = ops[{e->op, e->dtype}];
-      if (!op) op = std::make_unique<LstmOp>(*e);
+      if (!op) {
+        op = std::make_unique<LstmOp>(*e);
+        op->threads = threads;
+      }
       op->exports.push_back(e);
     }
   }
@@ -854,6 +905,12 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 
 // How many tensors were copied through an aligned buffer (misaligned data) since loading.
 __attribute__((visibility("default"))) int64_t lstm_tvm_ort_copy_count() { return g_copies; }
+
+// The threads an ONNX Runtime thread's TVM pool was last sized to (LSTM_TVM_ORT_CONFIG_KERNEL_THREADS);
+// 0 while no session asked for it.
+__attribute__((visibility("default"))) int64_t lstm_tvm_ort_kernel_threads() {
+  return g_kernel_threads;
+}
 
 // How many kernels packed a constant w for a prepacked kernel since loading.
 __attribute__((visibility("default"))) int64_t lstm_tvm_ort_prepacked_count() {

@@ -40,11 +40,12 @@ from .. import env
 from .._files import atomic_path
 from .._progress import notice
 from ..toolchain import cxx_build_command
-from ._threads import sleep_when_idle
+from ._threads import parallel_executor_threads, sleep_when_idle
 from .domain import DOMAIN
 
 __all__ = [
     "CONFIG_EXPORT_DIRS",
+    "CONFIG_KERNEL_THREADS",
     "InferenceSession",
     "HEADER_SHA256",
     "ORT_HEADERS_NPM",
@@ -53,7 +54,9 @@ __all__ = [
     "api_version",
     "build_command",
     "build_library",
+    "compile_definitions",
     "copy_count",
+    "kernel_threads",
     "ort_include_dir",
     "prepacked_count",
     "session_options",
@@ -75,6 +78,10 @@ HEADER_SHA256 = {
 }
 #: The session config entry the library reads: export folders separated by ``os.pathsep``.
 CONFIG_EXPORT_DIRS = "lstm_tvm.export_dirs"
+#: The session config entry of the threads each kernel runs on (an int >= 1): the library
+#: sizes the TVM thread pool of every ONNX Runtime thread that runs one of its nodes to it.
+#: Unset, a kernel uses every core; :func:`session_options` sets it for the parallel executor.
+CONFIG_KERNEL_THREADS = "lstm_tvm.kernel_threads"
 #: The library's source, shipped inside the package (``examples/ort`` builds it with CMake).
 SOURCE = Path(__file__).resolve().with_name("lstm_tvm_ort_ops.cc")
 
@@ -148,19 +155,30 @@ def ort_include_dir(*, fetch: bool = True) -> Path:
     return folder
 
 
+def compile_definitions() -> dict[str, str]:
+    """The preprocessor definitions the library's source needs (each a C string literal):
+    the domain (:data:`~.domain.DOMAIN`), the session config entries it reads
+    (:data:`CONFIG_EXPORT_DIRS`, :data:`CONFIG_KERNEL_THREADS`) and TVM's pool spin count
+    (:data:`lstm_tvm.env.POOL_SPIN_COUNT`); ``examples/ort/CMakeLists.txt`` reads them too."""
+    values = {"LSTM_TVM_ORT_DOMAIN": DOMAIN,
+              "LSTM_TVM_ORT_CONFIG_EXPORT_DIRS": CONFIG_EXPORT_DIRS,
+              "LSTM_TVM_ORT_CONFIG_KERNEL_THREADS": CONFIG_KERNEL_THREADS,
+              "LSTM_TVM_POOL_SPIN_COUNT": str(env.POOL_SPIN_COUNT)}
+    return {name: f'"{value}"' for name, value in values.items()}
+
+
 def build_command(output, *, source=SOURCE, include_dir=None,
                   compiler: str | None = None) -> list[str]:
     """The ``g++`` command that builds the custom-op library ``source`` into ``output``.
 
     ``include_dir`` defaults to :func:`ort_include_dir`; the rest is
-    :func:`lstm_tvm.toolchain.cxx_build_command` plus ``-shared -fPIC``, the domain and the
-    pool's spin count (:data:`lstm_tvm.env.POOL_SPIN_COUNT`) defines.
+    :func:`lstm_tvm.toolchain.cxx_build_command` plus ``-shared -fPIC`` and
+    :func:`compile_definitions`.
     """
     include = Path(include_dir) if include_dir is not None else ort_include_dir()
     cmd = cxx_build_command(source, output, compiler)
     return [cmd[0], "-shared", "-fPIC", "-fvisibility=hidden", f"-I{include}",
-            f'-DLSTM_TVM_ORT_DOMAIN="{DOMAIN}"',
-            f'-DLSTM_TVM_POOL_SPIN_COUNT="{env.POOL_SPIN_COUNT}"', *cmd[1:]]
+            *(f"-D{name}={value}" for name, value in compile_definitions().items()), *cmd[1:]]
 
 
 def build_library(output=None, *, source=SOURCE) -> Path:
@@ -197,7 +215,10 @@ def session_options(export_dirs: Sequence[os.PathLike | str], library=None, base
     :data:`CONFIG_EXPORT_DIRS`, then registers the library (which reads it then), so a bad
     folder raises here. The native kernels take precedence over attached ONNX functions.
     ONNX Runtime's idle threads sleep unless ``base`` says otherwise
-    (:func:`._threads.sleep_when_idle`).
+    (:func:`._threads.sleep_when_idle`). Where ``base`` chooses the parallel executor
+    (``ExecutionMode.ORT_PARALLEL``), each kernel runs on one core fewer
+    (:data:`CONFIG_KERNEL_THREADS` set to :func:`._threads.parallel_executor_threads`, unless
+    ``base`` set it): the thread that called ``run`` spins on a core until the nodes are done.
     """
     import onnxruntime
 
@@ -208,6 +229,12 @@ def session_options(export_dirs: Sequence[os.PathLike | str], library=None, base
                          f"{os.pathsep!r} in the path), got {bad or dirs}")
     options = sleep_when_idle(base if base is not None else onnxruntime.SessionOptions())
     options.add_session_config_entry(CONFIG_EXPORT_DIRS, os.pathsep.join(dirs))
+    if options.execution_mode == onnxruntime.ExecutionMode.ORT_PARALLEL:
+        try:
+            options.get_session_config_entry(CONFIG_KERNEL_THREADS)
+        except RuntimeError:  # not set by the caller
+            options.add_session_config_entry(CONFIG_KERNEL_THREADS,
+                                             str(parallel_executor_threads()))
     options.register_custom_ops_library(str(library or build_library()))
     return options
 
@@ -252,6 +279,12 @@ def aligned_copy(array):
 def copy_count(library) -> int:
     """How many tensors the loaded ``library`` copied through an aligned buffer so far."""
     return _counter(library, "lstm_tvm_ort_copy_count")
+
+
+def kernel_threads(library) -> int:
+    """The threads the library last sized an ONNX Runtime thread's TVM pool to
+    (:data:`CONFIG_KERNEL_THREADS`); 0 where no session asked for it since loading."""
+    return _counter(library, "lstm_tvm_ort_kernel_threads")
 
 
 def prepacked_count(library) -> int:

@@ -42,11 +42,10 @@ import numpy as np
 import onnx
 
 from .. import raw_ops
-from ..env import usable_cores
 from ..registry import OPS, OpSpec, eval_dim
 from ._prepare import float16_nodes, prepare_model
 from .contract import check_model
-from ._threads import sleep_when_idle
+from ._threads import parallel_executor_threads, sleep_when_idle
 from .domain import DOMAIN
 
 __all__ = [
@@ -131,7 +130,7 @@ def _kernel_threads() -> int | None:
     (every core) on a thread Python started (the sequential executor runs nodes on the
     caller's thread)."""
     if isinstance(threading.current_thread(), threading._DummyThread):
-        return max(1, usable_cores() - 1)
+        return parallel_executor_threads()
     return None
 
 
