@@ -2,6 +2,7 @@
 CPU targets tests parametrize over."""
 
 import os
+import shutil
 import tempfile
 
 import psutil
@@ -25,11 +26,28 @@ def pytest_configure(config):
         return
     # Tests never read or write the user's cache: a fresh one per run.
     if "LSTM_TVM_CACHE_DIR" not in os.environ or os.environ.get("CI"):
-        os.environ["LSTM_TVM_CACHE_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_cache_")
+        os.environ["LSTM_TVM_CACHE_DIR"] = _session_folder("lstm_tvm_test_cache_")
     # Nor the user's tuning records: an empty user root (the shipped records still apply).
     if "LSTM_TVM_SCHEDULES_DIR" not in os.environ or os.environ.get("CI"):
-        os.environ["LSTM_TVM_SCHEDULES_DIR"] = tempfile.mkdtemp(prefix="lstm_tvm_test_schedules_")
+        os.environ["LSTM_TVM_SCHEDULES_DIR"] = _session_folder("lstm_tvm_test_schedules_")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+#: The folders :func:`pytest_configure` made (removed when the run ends).
+_SESSION_FOLDERS: list[str] = []
+
+
+def _session_folder(prefix: str) -> str:
+    folder = tempfile.mkdtemp(prefix=prefix)
+    _SESSION_FOLDERS.append(folder)
+    return folder
+
+
+def pytest_unconfigure(config):
+    # The run's cache holds tens of MB of kernels: each run would leave its own behind.
+    for folder in _SESSION_FOLDERS:
+        shutil.rmtree(folder, ignore_errors=True)
+    _SESSION_FOLDERS.clear()
 
 
 #: Memory a test worker may take (TensorFlow, ONNX Runtime and TVM loaded, a tuning test's

@@ -8,6 +8,8 @@ both :mod:`lstm_tvm.onnx` and :mod:`lstm_tvm.export`.
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import statistics
 import tempfile
 import time
@@ -59,6 +61,8 @@ def _native_routes(op_name, dtype, I, H, attrs, inputs, options: Callable) -> di
         print(f"ort_native: not timed ({err})")
         return {}
     folder = tempfile.mkdtemp(prefix="lstm_tvm_native_")
+    # the sessions have loaded the export's library by the time the process ends
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
     export(folder, [op_name], dtype=dtype, input_size=I, cell_size=H, attrs=attrs, onnx=False,
            progress=False)
 
