@@ -569,16 +569,16 @@ std::unique_ptr<Panels> PackConstantW(const OrtKernelInfo* info, const ExportedO
   return panels;
 }
 
-// Size the calling thread's TVM pool to `threads` (0: leave it, every core) before its first
-// kernel, and again if a session asks for another size.
+// Size the calling thread's TVM pool to `threads` (0: TVM's default, every core) before its
+// kernel, where a kernel of another session left it at another size.
 void SizeCallingThreadsPool(int threads) {
-  thread_local int sized = 0;
-  if (threads <= 0 || sized == threads) return;
+  thread_local int sized = 0;  // 0: the default pool
+  if (sized == threads) return;
   static const auto config = ffi::Function::GetGlobal("runtime.config_threadpool");
   if (!config) Fail("TVM's runtime has no runtime.config_threadpool to size its thread pool");
   (*config)(1, threads);  // 1: TVM's kBig affinity mode, every core (x86 has no little ones)
   sized = threads;
-  g_kernel_threads = threads;
+  if (threads > 0) g_kernel_threads = threads;
 }
 
 struct Kernel {
