@@ -2,11 +2,10 @@
 //
 // ONNX Runtime loads it with SessionOptions.register_custom_ops_library (C API:
 // RegisterCustomOpsLibrary_V2) and calls RegisterCustomOps below, which reads the session config
-// entry LSTM_TVM_ORT_CONFIG_EXPORT_DIRS (export folders written by `lstm-tvm export`, separated
-// by ':'),
-// loads each folder's lstm_tvm_ops.so with TVM's runtime and registers, in the domain
-// LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN, defined on the compiler's command line), one op
-// per (op, dtype) found in the manifests. Everything about an op (inputs, outputs, dtypes,
+// entry LSTM_TVM_ORT_CONFIG_EXPORT_DIRS (export folders written by `lstm-tvm export`,
+// separated by ':'), loads each folder's lstm_tvm_ops.so with TVM's runtime and registers, in
+// the domain LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN, defined on the compiler's command
+// line), one op per (op, dtype) found in the manifests. Everything about an op (inputs, outputs, dtypes,
 // shapes, the baked attributes) comes from the manifests, which lstm_tvm writes from its
 // registry: nothing is restated here.
 //
@@ -50,8 +49,8 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -826,7 +825,7 @@ int KernelThreads(const OrtSessionOptions* options) {
   long value = std::strtol(text.c_str(), &end, 10);
   if (errno != 0 || *end != '\0' || value < 1 || value > 4096) {
     Fail(std::string("session config entry ") + kThreadsKey +
-         ": expected an int >= 1 (threads of each kernel), got '" + text + "'");
+         ": expected an int from 1 to 4096 (threads of each kernel), got '" + text + "'");
   }
   return static_cast<int>(value);
 }

@@ -78,9 +78,10 @@ HEADER_SHA256 = {
 }
 #: The session config entry the library reads: export folders separated by ``os.pathsep``.
 CONFIG_EXPORT_DIRS = "lstm_tvm.export_dirs"
-#: The session config entry of the threads each kernel runs on (an int >= 1): the library
-#: sizes the TVM thread pool of every ONNX Runtime thread that runs one of its nodes to it.
-#: Unset, a kernel uses every core; :func:`session_options` sets it for the parallel executor.
+#: The session config entry of the threads each kernel runs on (an int from 1 to 4096): the
+#: library sizes the TVM thread pool of every ONNX Runtime thread that runs one of its nodes to
+#: it. Unset, a kernel uses every core; :func:`session_options` sets it for the parallel
+#: executor.
 CONFIG_KERNEL_THREADS = "lstm_tvm.kernel_threads"
 #: The library's source, shipped inside the package (``examples/ort`` builds it with CMake).
 SOURCE = Path(__file__).resolve().with_name("lstm_tvm_ort_ops.cc")
