@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from ..env import usable_cores
 
-__all__ = ["SPINNING_ENTRIES", "parallel_executor_threads", "sleep_when_idle"]
+__all__ = ["SPINNING_ENTRIES", "parallel_executor_threads", "set_unless_given",
+           "sleep_when_idle"]
 
 #: The session config entries of ONNX Runtime's spinning pools.
 SPINNING_ENTRIES = ("session.intra_op.allow_spinning", "session.inter_op.allow_spinning")
@@ -26,11 +27,17 @@ def sleep_when_idle(options):
     """``options`` (``onnxruntime.SessionOptions``) with each entry of
     :data:`SPINNING_ENTRIES` the caller did not set turned off; returns ``options``."""
     for key in SPINNING_ENTRIES:
-        try:
-            options.get_session_config_entry(key)
-        except RuntimeError:  # not set by the caller
-            options.add_session_config_entry(key, "0")
+        set_unless_given(options, key, "0")
     return options
+
+
+def set_unless_given(options, key: str, value: str) -> None:
+    """Set the session config entry ``key`` of ``options`` to ``value`` unless the caller set
+    it already."""
+    try:
+        options.get_session_config_entry(key)
+    except RuntimeError:  # not set by the caller
+        options.add_session_config_entry(key, value)
 
 
 def parallel_executor_threads() -> int:

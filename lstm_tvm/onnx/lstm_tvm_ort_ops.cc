@@ -5,9 +5,9 @@
 // entry LSTM_TVM_ORT_CONFIG_EXPORT_DIRS (export folders written by `lstm-tvm export`,
 // separated by ':'), loads each folder's lstm_tvm_ops.so with TVM's runtime and registers, in
 // the domain LSTM_TVM_ORT_DOMAIN (lstm_tvm.onnx.DOMAIN, defined on the compiler's command
-// line), one op per (op, dtype) found in the manifests. Everything about an op (inputs, outputs, dtypes,
-// shapes, the baked attributes) comes from the manifests, which lstm_tvm writes from its
-// registry: nothing is restated here.
+// line), one op per (op, dtype) found in the manifests. Everything about an op (inputs,
+// outputs, dtypes, shapes, the baked attributes) comes from the manifests, which lstm_tvm
+// writes from its registry: nothing is restated here.
 //
 // A node's kernel is created for the exports of its (op, dtype) whose attributes equal the
 // node's (every attribute of the export must be on the node: lstm_tvm.onnx.make_node writes
@@ -803,12 +803,11 @@ struct LstmOp : OrtCustomOp {
   }
 };
 
-// The session config entry `key`; `missing` if it is not set.
-std::string ConfigEntry(const OrtSessionOptions* options, const char* key,
-                        const std::string& missing) {
+// The session config entry `key`; empty if it is not set.
+std::string ConfigEntry(const OrtSessionOptions* options, const char* key) {
   int has = 0;
   Check(g_api->HasSessionConfigEntry(options, key, &has), "config");
-  if (!has) return missing;
+  if (!has) return "";
   size_t size = 0;
   Check(g_api->GetSessionConfigEntry(options, key, nullptr, &size), "config");
   std::string value(size, '\0');
@@ -818,7 +817,7 @@ std::string ConfigEntry(const OrtSessionOptions* options, const char* key,
 
 // LSTM_TVM_ORT_CONFIG_KERNEL_THREADS: 0 when unset.
 int KernelThreads(const OrtSessionOptions* options) {
-  std::string text = ConfigEntry(options, kThreadsKey, "");
+  std::string text = ConfigEntry(options, kThreadsKey);
   if (text.empty()) return 0;
   char* end = nullptr;
   errno = 0;
@@ -834,7 +833,7 @@ int KernelThreads(const OrtSessionOptions* options) {
 std::vector<std::unique_ptr<LstmOp>> g_ops;
 
 void Register(OrtSessionOptions* options) {
-  std::string dirs = ConfigEntry(options, kConfigKey, "");
+  std::string dirs = ConfigEntry(options, kConfigKey);
   if (dirs.empty()) {
     Fail(std::string("set the session config entry ") + kConfigKey +
          " (export folders separated by ':') before registering this library");
@@ -905,8 +904,8 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
 // How many tensors were copied through an aligned buffer (misaligned data) since loading.
 __attribute__((visibility("default"))) int64_t lstm_tvm_ort_copy_count() { return g_copies; }
 
-// The threads an ONNX Runtime thread's TVM pool was last sized to (LSTM_TVM_ORT_CONFIG_KERNEL_THREADS);
-// 0 while no session asked for it.
+// The threads an ONNX Runtime thread's TVM pool was last sized to
+// (LSTM_TVM_ORT_CONFIG_KERNEL_THREADS); 0 while no session asked for it.
 __attribute__((visibility("default"))) int64_t lstm_tvm_ort_kernel_threads() {
   return g_kernel_threads;
 }

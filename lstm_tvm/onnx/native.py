@@ -40,7 +40,7 @@ from .. import env
 from .._files import atomic_path
 from .._progress import notice
 from ..toolchain import cxx_build_command
-from ._threads import parallel_executor_threads, sleep_when_idle
+from ._threads import parallel_executor_threads, set_unless_given, sleep_when_idle
 from .domain import DOMAIN
 
 __all__ = [
@@ -231,11 +231,7 @@ def session_options(export_dirs: Sequence[os.PathLike | str], library=None, base
     options = sleep_when_idle(base if base is not None else onnxruntime.SessionOptions())
     options.add_session_config_entry(CONFIG_EXPORT_DIRS, os.pathsep.join(dirs))
     if options.execution_mode == onnxruntime.ExecutionMode.ORT_PARALLEL:
-        try:
-            options.get_session_config_entry(CONFIG_KERNEL_THREADS)
-        except RuntimeError:  # not set by the caller
-            options.add_session_config_entry(CONFIG_KERNEL_THREADS,
-                                             str(parallel_executor_threads()))
+        set_unless_given(options, CONFIG_KERNEL_THREADS, str(parallel_executor_threads()))
     options.register_custom_ops_library(str(library or build_library()))
     return options
 
