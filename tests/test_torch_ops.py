@@ -146,6 +146,53 @@ def test_non_contiguous_inputs_give_the_same_results():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
+def test_repeated_calls_match_the_reference():
+    """A configuration's later calls skip the checks and pass the tensors to the kernel as
+    they are (:mod:`lstm_tvm.torch._cpu`): strided inputs (an expanded gradient, a transposed
+    ``x``), every ``seq_len_max`` in ``0..T`` as an int or a tensor, each against the float64
+    reference; an earlier call's outputs stay as they were."""
+    inputs = _inputs("BlockLSTMGrad")
+    attrs = {"use_peephole": True}
+    tensors = _tensors(inputs)
+    first = lt.BlockLSTMGrad(**tensors, **attrs)  # checked and planned
+    kept = [t.clone() for t in first]
+    strided = {**tensors,
+               "h_grad": tensors["h_grad"][:1, :1, :1].expand(T, B, H),
+               "x": tensors["x"].transpose(0, 1).contiguous().transpose(0, 1)}
+    assert not strided["h_grad"].is_contiguous() and not strided["x"].is_contiguous()
+    for seq in range(T + 1):
+        for kind in SEQ_KINDS:
+            args = {**strided, "seq_len_max": torch.tensor(seq) if kind == "tensor" else seq}
+            got = lt.BlockLSTMGrad(**args, **attrs)
+            arrays = {n: np.array(v.numpy()) if isinstance(v, torch.Tensor)
+                      else np.asarray(v) for n, v in args.items()}
+            want = reference.run("BlockLSTMGrad", arrays, attrs)
+            for name, value in got._asdict().items():
+                testing.assert_close(value.numpy(), want[name], "float32",
+                                     f"BlockLSTMGrad.{name} seq_len_max={seq} ({kind})")
+    assert all(torch.equal(a, b) for a, b in zip(first, kept))
+
+
+@pytest.mark.parametrize("case", ["seq_too_long", "seq_negative", "seq_float", "w_shape",
+                                  "b_float64"])
+def test_bad_inputs_after_a_good_call_raise_as_raw_ops(case):
+    """A call of a planned configuration is checked as the first one was: ``seq_len_max``'s
+    value, and any other shape or dtype (a new configuration, checked fully)."""
+    inputs = _inputs("BlockLSTM")
+    good = _tensors(inputs)
+    torch.ops.lstm_tvm.BlockLSTM(**good)
+    bad = {"seq_too_long": {"seq_len_max": np.asarray(T + 1)},
+           "seq_negative": {"seq_len_max": np.asarray(-1)},
+           "seq_float": {"seq_len_max": np.asarray(2.0, np.float32)},
+           "w_shape": {"w": inputs["w"][1:]}, "b_float64": {"b": inputs["b"].astype(np.float64)}
+           }[case]
+    arrays = {**inputs, **bad}
+    want = _raised(lambda: raw_ops.BlockLSTM(**arrays))
+    tensors = {n: torch.from_numpy(np.asarray(v)) for n, v in arrays.items()}
+    assert _raised(lambda: torch.ops.lstm_tvm.BlockLSTM(**tensors)) == want
+    assert _raised(lambda: lt.BlockLSTM(**tensors)) == want
+
+
 def _loss_weights(shape, seed=1) -> dict:
     rng = np.random.default_rng(seed)
     return {n: rng.uniform(-1, 1, shape).astype(np.float32) for n in ("cs", "h")}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..autodiff import forward_ops, grad_route
-from ._ops import NAMESPACE, overloads, qualname
+from ._ops import INT_OVERLOAD, NAMESPACE, overloads, qualname
 
 __all__ = ["register_autograd"]
 
@@ -40,50 +40,61 @@ def _formula(route, overload: str, grad_op, matmul_op, zeros_like):
     """``(setup_context, backward)`` of ``route.forward`` for ``overload`` (the
     ``torch.library`` forms): the backward calls ``grad_op`` (and ``matmul_op`` for the cell),
     positional inputs and keyword attributes, and ``zeros_like(cs)`` for a gradient of ``cs``
-    or ``h`` autograd did not give."""
+    or ``h`` autograd did not give.
+
+    Where every value comes from is worked out here, once: the backward only indexes (it runs
+    at every training step, and its Python is part of what a step costs)."""
     fwd, grad = route.forward, route.grad
     kept_outputs = [n for kind, n in route.sources if kind == "output"]
     differentiable = [n for kind, n in route.sources if kind == "output_grad"]
-    gates = [n for n in fwd.output_names if n not in differentiable]
-    grad_attrs = grad.attr_names
+    gates = [fwd.output_names.index(n) for n in fwd.output_names if n not in differentiable]
     assert "cs" in kept_outputs and set(differentiable) == {"cs", "h"}
+    # the int overload's seq_len_max is a Python int, kept aside; every other input is saved
+    ints = [i for i, t in enumerate(fwd.inputs) if t.dtype != "T"] \
+        if overload == INT_OVERLOAD else []
+    tensor_inputs = [i for i in range(len(fwd.input_names)) if i not in ints]
+    kept = [fwd.output_names.index(n) for n in kept_outputs]
+    # ``slots``, as the backward lays them out: the forward's inputs, its kept outputs, the
+    # gradients of cs and h
+    slot = {("input", n): i for i, n in enumerate(fwd.input_names)}
+    slot.update({("output", n): len(fwd.input_names) + k for k, n in enumerate(kept_outputs)})
+    slot.update({("output_grad", n): len(slot) + k for k, n in enumerate(differentiable)})
+    grad_args = [slot[source] for source in route.sources]
+    given = [fwd.output_names.index(n) for n in differentiable]
+    zeros_from = slot[("output", "cs")]  # cs and h have one shape
+    slot.update({("grad", n): len(slot) + k for k, n in enumerate(grad.output_names)})
+    matmul_args = [slot[source] for source in route.matmul_sources]
+    from_grad = [grad.output_names.index(route.from_grad[n]) if n in route.from_grad else None
+                 for n in fwd.input_names]
+    from_matmul = [route.matmul.output_names.index(route.from_matmul[n])
+                   if route.matmul is not None and n in route.from_matmul else None
+                   for n in fwd.input_names]
+    grad_attrs = grad.attr_names
+    peephole_default = fwd.attr("use_peephole").default if "use_peephole" in grad_attrs \
+        else None
 
     def setup_context(ctx, inputs, keyword_only_inputs, output):
-        values = dict(zip(fwd.input_names, inputs))
-        outs = dict(zip(fwd.output_names, output))
-        ctx.mark_non_differentiable(*(outs[n] for n in gates))
+        ctx.mark_non_differentiable(*(output[i] for i in gates))
         ctx.set_materialize_grads(False)  # no zeros made for the gates' (unused) gradients
-        saved, ctx.ints = [], {}
-        for name in fwd.input_names:  # the grad op reads every input of the forward
-            if isinstance(values[name], torch.Tensor):
-                saved.append(values[name])
-            else:  # seq_len_max of the int overload
-                ctx.ints[name] = values[name]
-        saved += [outs[n] for n in kept_outputs]
-        ctx.save_for_backward(*saved)
+        ctx.ints = [inputs[i] for i in ints]
+        ctx.save_for_backward(*(inputs[i] for i in tensor_inputs), *(output[i] for i in kept))
         ctx.attrs = {k: keyword_only_inputs[k] for k in grad_attrs
                      if k in keyword_only_inputs}
-        if "use_peephole" in grad_attrs and "use_peephole" not in ctx.attrs:
-            ctx.attrs["use_peephole"] = fwd.attr("use_peephole").default
+        if peephole_default is not None and "use_peephole" not in ctx.attrs:
+            ctx.attrs["use_peephole"] = peephole_default
 
     def backward(ctx, *grads):
-        saved = iter(ctx.saved_tensors)
-        values = {"input": {n: ctx.ints[n] if n in ctx.ints else next(saved)
-                            for n in fwd.input_names}}
-        values["output"] = {n: next(saved) for n in kept_outputs}
-        given = dict(zip(fwd.output_names, grads))
-        # cs and h have one shape: a gradient that is None is cs's zeros
-        values["output_grad"] = {n: given[n] if given[n] is not None
-                                 else zeros_like(values["output"]["cs"])
-                                 for n in differentiable}
-        args = [values[kind][n] for kind, n in route.sources]
-        result = dict(zip(grad.output_names, grad_op(*args, **ctx.attrs)))
-        found = {n: result[out] for n, out in route.from_grad.items()}
-        if route.matmul is not None:  # the cell: the matmul part of its gradient
-            values["grad"] = result
-            product = matmul_op(*(values[kind][n] for kind, n in route.matmul_sources))
-            product = dict(zip(route.matmul.output_names, product))
-            found.update({n: product[out] for n, out in route.from_matmul.items()})
-        return tuple(found.get(n) for n in fwd.input_names)
+        slots = list(ctx.saved_tensors)
+        for i, value in zip(ints, ctx.ints):
+            slots.insert(i, value)
+        for i in given:
+            slots.append(grads[i] if grads[i] is not None else zeros_like(slots[zeros_from]))
+        result = grad_op(*(slots[i] for i in grad_args), **ctx.attrs)
+        found = [None if k is None else result[k] for k in from_grad]
+        if matmul_args:  # the cell: the matmul part of its gradient
+            slots += result
+            product = matmul_op(*(slots[i] for i in matmul_args))
+            found = [f if k is None else product[k] for f, k in zip(found, from_matmul)]
+        return tuple(found)
 
     return setup_context, backward

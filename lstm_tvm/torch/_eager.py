@@ -21,7 +21,8 @@ from torch.autograd.function import once_differentiable
 from ..autodiff import forward_ops, grad_route
 from ..registry import get_op
 from ._autograd import _formula, _op
-from ._ops import _cpu_kernel, overloads
+from ._cpu import CpuKernel
+from ._ops import overloads
 
 __all__ = ["call", "eager_ok", "eager_function"]
 
@@ -101,4 +102,4 @@ def call(op_name: str, overload: str, args: tuple, attrs: dict):
 
 @functools.lru_cache(maxsize=None)
 def _kernel(op_name: str):
-    return _cpu_kernel(get_op(op_name))
+    return CpuKernel(get_op(op_name))

@@ -8,11 +8,10 @@ import functools
 import numpy as np
 import torch
 
-from .. import raw_ops
 from ..api import compile as _compile
 from ..registry import KERNEL_OPS, OpSpec, eval_dim, get_op
 from ..validation import validate_attrs, validate_inputs
-from ._openmp import release_idle_workers
+from ._cpu import CpuKernel, dtype_text
 
 __all__ = ["NAMESPACE", "INT_OVERLOAD", "define", "overloads", "qualname", "schema"]
 
@@ -66,48 +65,9 @@ def define(lib: torch.library.Library) -> None:
         for overload in overloads(op):
             lib.define(schema(op.name, overload))
             name = qualname(op.name, overload)
-            lib.impl(name, _cpu_kernel(op), "CPU")
+            lib.impl(name, CpuKernel(op), "CPU")
             lib.impl(name, _cuda_kernel(op), "CUDA")
             torch.library.register_fake(name, _fake_kernel(op), lib=lib)
-
-
-# --- the CPU kernels: lstm_tvm.raw_ops --------------------------------------------------------
-
-def _cpu_kernel(op: OpSpec):
-    """``op`` on the CPU: the tensors go to :mod:`lstm_tvm.raw_ops` as NumPy views (no copy
-    where contiguous), its outputs come back as tensors over its buffers (no copy). PyTorch's
-    idle OpenMP workers are released first (:mod:`lstm_tvm.torch._openmp`)."""
-    names = op.input_names
-    call = raw_ops.runner(op.name)
-
-    def kernel(*args, **attrs):
-        inputs = {n: _host(op, n, v) for n, v in zip(names, args)}
-        release_idle_workers()
-        return tuple(torch.from_numpy(a) for a in call(inputs, attrs))
-
-    kernel.__name__ = f"{op.name}_cpu"
-    return kernel
-
-
-def _host(op: OpSpec, name: str, value):
-    """An input as :mod:`lstm_tvm.raw_ops` takes it: a NumPy view of a CPU tensor (a tensor
-    that is not on the CPU only as ``seq_len_max``, copied)."""
-    if not isinstance(value, torch.Tensor):
-        return value  # seq_len_max of the int overload
-    if not value.is_cpu:
-        if op.input(name).dtype == "T":
-            raise ValueError(f"{op.name}: input {name!r} expected a tensor on the CPU like "
-                             f"the other inputs, got one on {value.device}")
-        value = value.cpu()
-    try:
-        return value.detach().numpy()
-    except TypeError:  # a dtype NumPy lacks (bfloat16, ...)
-        raise TypeError(f"{op.name}: input {name!r} has dtype {_dtype_text(value.dtype)}; "
-                        f"expected float16 or float32") from None
-
-
-def _dtype_text(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 # --- the CUDA kernels: lstm_tvm.compile on the tensors' device ------------------------------
@@ -185,9 +145,9 @@ class _Meta:
 
 def _np_dtype(dtype: torch.dtype):
     try:
-        return np.dtype(_dtype_text(dtype))
+        return np.dtype(dtype_text(dtype))
     except TypeError:  # bfloat16, ...: the checks show the name
-        return _dtype_text(dtype)
+        return dtype_text(dtype)
 
 
 def _symbolic(value) -> bool:

@@ -1,0 +1,106 @@
+"""The CPU kernels of :mod:`lstm_tvm.torch`: tensors handed to the compiled kernels by DLPack.
+
+The first call of a configuration (the inputs' shapes and dtypes, the attributes) goes through
+:mod:`lstm_tvm.raw_ops` on NumPy views of the tensors: every check, the compile, and the plan
+it settles. Later calls of that configuration pass the tensors themselves to the plan's kernel
+and take its outputs in ``raw_ops``' reused buffers, with nothing checked again but
+``seq_len_max``'s value: what a training loop calls op after op (see the training entries of
+``docs/performance.md``). The kernels read C-contiguous inputs: a strided one (the expanded
+gradient of a ``sum``) is made contiguous by PyTorch first.
+
+PyTorch's idle OpenMP workers are released just before a kernel starts, after every PyTorch op
+of the call (:mod:`lstm_tvm.torch._openmp`).
+"""
+
+from __future__ import annotations
+
+import torch
+import tvm_ffi
+
+from .. import build as _build
+from .. import raw_ops
+from .._args import kernel_error
+from .._launch import launch
+from ..registry import OpSpec
+from ..validation import check_seq_len_max
+from ._openmp import release_idle_workers
+
+__all__ = ["CpuKernel", "dtype_text"]
+
+#: Configurations a kernel keeps plans for (all are dropped past it).
+_PLANS_KEPT = 64
+
+
+class CpuKernel:
+    """``op`` on CPU tensors: ``kernel(*inputs, **attrs)``, the inputs in TF's order (tensors,
+    ``seq_len_max`` an int or an int64 tensor), returns the outputs as tensors over
+    ``raw_ops``' buffers (see the module doc)."""
+
+    def __init__(self, op: OpSpec):
+        self.op = op
+        self.__name__ = f"{op.name}_cpu"
+        self._seq = op.input_names.index("seq_len_max") if "seq_len_max" in op.input_names \
+            else None
+        self._floats = tuple(i for i, t in enumerate(op.inputs) if t.dtype == "T")
+        self._plans: dict = {}
+
+    def __call__(self, *args, **attrs):
+        try:
+            key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu) for i in self._floats),
+                   tuple(sorted((k, type(v), v) for k, v in attrs.items())))
+        except AttributeError:  # an input that is not a tensor: raw_ops says which
+            key = None
+        plan = self._plans.get(key)
+        if plan is None or plan.generation != _build.generation():
+            return self._planned_call(key, args, attrs)
+        seq = () if self._seq is None else \
+            (check_seq_len_max(self.op, host_value(self.op, "seq_len_max", args[self._seq]),
+                               plan.T),)
+        tensors = []
+        for i in self._floats:
+            t = args[i].detach()
+            tensors.append(tvm_ffi.from_dlpack(t if t.is_contiguous() else t.contiguous()))
+        release_idle_workers()
+        outputs = plan.layout.borrow(plan)
+        try:
+            launch(plan.compiled.func, *seq, *tensors, *outputs.tensors)
+            return tuple(map(torch.from_numpy, outputs.arrays))  # held before given back
+        except ValueError as err:  # the kernel's own argument checks
+            raise kernel_error(self.op.name, err, plan.compiled._roles) from err
+        finally:
+            plan.layout.give_back(plan, outputs)
+
+    def _planned_call(self, key, args, attrs):
+        """A call checked and planned by ``raw_ops`` (its plan kept for ``key`` where it runs
+        a kernel on the CPU)."""
+        inputs = {n: host_value(self.op, n, v) for n, v in zip(self.op.input_names, args)}
+        op, plan, tensors, seq_len_max = raw_ops._planned(self.op.name, inputs, attrs, "llvm",
+                                                          None)
+        if key is not None and plan.compiled is not None and plan.on_cpu:
+            if len(self._plans) >= _PLANS_KEPT:
+                self._plans.clear()
+            self._plans[key] = plan
+        release_idle_workers()
+        return tuple(map(torch.from_numpy, raw_ops._execute(op, plan, tensors, seq_len_max)))
+
+
+def host_value(op: OpSpec, name: str, value):
+    """Input ``name`` as :mod:`lstm_tvm.raw_ops` takes it: a NumPy view of a CPU tensor (a
+    tensor that is not on the CPU only as ``seq_len_max``, copied)."""
+    if not isinstance(value, torch.Tensor):
+        return value  # seq_len_max of the int overload
+    if not value.is_cpu:
+        if op.input(name).dtype == "T":
+            raise ValueError(f"{op.name}: input {name!r} expected a tensor on the CPU like "
+                             f"the other inputs, got one on {value.device}")
+        value = value.cpu()
+    try:
+        return value.detach().numpy()
+    except TypeError:  # a dtype NumPy lacks (bfloat16, ...)
+        raise TypeError(f"{op.name}: input {name!r} has dtype {dtype_text(value.dtype)}; "
+                        f"expected float16 or float32") from None
+
+
+def dtype_text(dtype: torch.dtype) -> str:
+    """``torch.float32`` as ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
