@@ -123,6 +123,58 @@ def test_two_layers_match_chained_tf_calls():
     _close(y, inputs, "output")
 
 
+def _tf_two_layer_gradients(module, x: np.ndarray, loss_w: np.ndarray) -> dict:
+    """TF's tape gradients of ``sum(y * loss_w)`` through two chained layers holding the
+    module's weights (zero initial state), by the module's parameter names and ``x``."""
+    variables = {"x": tf.Variable(x)}
+    for k in range(2):
+        variables.update({f"{n}_l{k}": tf.Variable(v)
+                          for n, v in module.tf_weights(k).items()})
+    zeros = np.zeros((x.shape[1], H), np.float32)
+    with tf.GradientTape() as tape:
+        y = variables["x"]
+        for k in range(2):
+            weights = {n: variables[f"{n}_l{k}"] for n in ("w", "wci", "wcf", "wco", "b")}
+            y = _tf_layer(y, zeros, zeros, weights, forget_bias=1.0)[0]
+        loss = tf.reduce_sum(y * loss_w)
+    return dict(zip(variables, tape.gradient(loss, list(variables.values()))))
+
+
+def test_layer_gradients_survive_a_later_forward():
+    """Two layers, a loss on the output only (no gradient reaches ``c_n``: the layers' ``cs``
+    gradients are zeros), and a second forward of the same shapes run before the first one's
+    backward: the gate outputs the first backward reads are not overwritten. Every gradient
+    against TF's tape."""
+    module = _module(num_layers=2)
+    x1, x2 = _array((T, B, I), 1), _array((T, B, I), 2)
+    loss_w = _array((T, B, H), 3)
+    first = torch.from_numpy(x1).requires_grad_()
+    y1, _ = module(first)
+    y2, _ = module(torch.from_numpy(x2).requires_grad_())
+    (y1 * torch.from_numpy(loss_w)).sum().backward()
+    want = _tf_two_layer_gradients(module, x1, loss_w)
+    _close(first.grad, want["x"], "d/dx")
+    for name, param in module.named_parameters():
+        _close(param.grad, want[name], f"d/d{name}")
+    del y2
+
+
+def test_a_retained_graph_runs_backward_twice():
+    """``retain_graph=True`` keeps what the layers saved: a second backward adds the same
+    gradients again (TF's tape, doubled)."""
+    module = _module(num_layers=2)
+    x, loss_w = _array((T, B, I), 1), _array((T, B, H), 3)
+    first = torch.from_numpy(x).requires_grad_()
+    y, _ = module(first)
+    loss = (y * torch.from_numpy(loss_w)).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    want = _tf_two_layer_gradients(module, x, loss_w)
+    _close(first.grad, 2 * want["x"].numpy(), "d/dx, twice")
+    for name, param in module.named_parameters():
+        _close(param.grad, 2 * want[name].numpy(), f"d/d{name}, twice")
+
+
 def test_block_lstm_v2_module_is_torch_nn_lstm():
     """``torch.nn.LSTM``'s gates are IFCO (i, f, g, o): with its weights stacked as ``w`` and
     its two biases summed, ``BlockLSTMV2`` (no forget bias, no clip, no peepholes) is the same

@@ -14,6 +14,7 @@ of the call (:mod:`lstm_tvm.torch._openmp`).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import tvm_ffi
 
@@ -34,7 +35,7 @@ _PLANS_KEPT = 64
 class CpuKernel:
     """``op`` on CPU tensors: ``kernel(*inputs, **attrs)``, the inputs in TF's order (tensors,
     ``seq_len_max`` an int or an int64 tensor), returns the outputs as tensors over
-    ``raw_ops``' buffers (see the module doc)."""
+    ``raw_ops``' buffers (see the module doc); :meth:`arrays` returns them as NumPy arrays."""
 
     def __init__(self, op: OpSpec):
         self.op = op
@@ -45,8 +46,13 @@ class CpuKernel:
         self._plans: dict = {}
 
     def __call__(self, *args, **attrs):
+        return tuple(map(torch.from_numpy, self.arrays(args, attrs)))
+
+    def arrays(self, args, attrs) -> list:
+        """The outputs of a call as NumPy arrays over ``raw_ops``' buffers. A float input may
+        also be a NumPy array (the gate outputs of a forward, kept for its backward)."""
         try:
-            key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu) for i in self._floats),
+            key = (tuple(map(_key, (args[i] for i in self._floats))),
                    tuple(sorted((k, type(v), v) for k, v in attrs.items())))
         except AttributeError:  # an input that is not a tensor: raw_ops says which
             key = None
@@ -58,19 +64,22 @@ class CpuKernel:
                                plan.T),)
         tensors = []
         for i in self._floats:
-            t = args[i].detach()
-            tensors.append(tvm_ffi.from_dlpack(t if t.is_contiguous() else t.contiguous()))
+            t = args[i]
+            if type(t) is not np.ndarray:
+                t = t.detach()
+                t = t if t.is_contiguous() else t.contiguous()
+            tensors.append(tvm_ffi.from_dlpack(t))
         release_idle_workers()
         outputs = plan.layout.borrow(plan)
         try:
             launch(plan.compiled.func, *seq, *tensors, *outputs.tensors)
-            return tuple(map(torch.from_numpy, outputs.arrays))  # held before given back
+            return list(outputs.arrays)  # held before the buffer is given back
         except ValueError as err:  # the kernel's own argument checks
             raise kernel_error(self.op.name, err, plan.compiled._roles) from err
         finally:
             plan.layout.give_back(plan, outputs)
 
-    def _planned_call(self, key, args, attrs):
+    def _planned_call(self, key, args, attrs) -> list:
         """A call checked and planned by ``raw_ops`` (its plan kept for ``key`` where it runs
         a kernel on the CPU)."""
         inputs = {n: host_value(self.op, n, v) for n, v in zip(self.op.input_names, args)}
@@ -81,7 +90,14 @@ class CpuKernel:
                 self._plans.clear()
             self._plans[key] = plan
         release_idle_workers()
-        return tuple(map(torch.from_numpy, raw_ops._execute(op, plan, tensors, seq_len_max)))
+        return list(raw_ops._execute(op, plan, tensors, seq_len_max))
+
+
+def _key(value) -> tuple:
+    """What a float input contributes to a call's configuration."""
+    if type(value) is np.ndarray:
+        return value.shape, value.dtype
+    return value.shape, value.dtype, value.is_cpu
 
 
 def host_value(op: OpSpec, name: str, value):

@@ -24,7 +24,7 @@ from ._autograd import _formula, _op
 from ._cpu import CpuKernel
 from ._ops import overloads
 
-__all__ = ["call", "eager_ok", "eager_function"]
+__all__ = ["cached_zeros", "call", "eager_ok", "eager_function", "kernel"]
 
 #: Zero tensors by (shape, dtype), shared by backward calls (read, never written).
 _ZEROS: dict = {}
@@ -43,7 +43,8 @@ def eager_ok(tensors) -> bool:
     return all(type(t) in _PLAIN and t.is_cpu for t in tensors)
 
 
-def _cached_zeros(like: torch.Tensor) -> torch.Tensor:
+def cached_zeros(like: torch.Tensor) -> torch.Tensor:
+    """A zero tensor of ``like``'s shape and dtype, shared by every caller: only read."""
     key = (tuple(like.shape), like.dtype)
     zeros = _ZEROS.get(key)
     if zeros is None:
@@ -64,9 +65,9 @@ def eager_function(op_name: str, overload: str = "default"):
     assert overload in overloads(route.forward)
     fwd = route.forward
     n_inputs, attr_names = len(fwd.input_names), fwd.attr_names
-    run = _kernel(op_name)
-    matmul = _kernel(route.matmul.name) if route.matmul is not None else None
-    setup, backward = _formula(route, overload, _kernel(route.grad.name), matmul, _cached_zeros)
+    run = kernel(op_name)
+    matmul = kernel(route.matmul.name) if route.matmul is not None else None
+    setup, backward = _formula(route, overload, kernel(route.grad.name), matmul, cached_zeros)
 
     def forward(ctx, *args):
         inputs, attrs = args[:n_inputs], dict(zip(attr_names, args[n_inputs:]))
@@ -96,10 +97,11 @@ def call(op_name: str, overload: str, args: tuple, attrs: dict):
             return eager_function(op_name, overload).apply(*args,
                                                            *(attrs[n] for n in op.attr_names))
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-            return _kernel(op_name)(*args, **attrs)
+            return kernel(op_name)(*args, **attrs)
     return _op(op_name, overload)(*args, **attrs)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(op_name: str):
+def kernel(op_name: str) -> CpuKernel:
+    """The CPU kernel of ``op_name`` (one per process)."""
     return CpuKernel(get_op(op_name))

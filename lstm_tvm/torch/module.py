@@ -10,7 +10,8 @@ import torch
 
 from ..registry import OPS
 from ..validation import validate_attrs
-from ._eager import call
+from ._eager import call, eager_ok
+from ._layer import layer_function
 from ._ops import INT_OVERLOAD
 
 __all__ = ["LSTM", "SEQUENCE_OPS"]
@@ -23,6 +24,8 @@ SEQUENCE_OPS = tuple(name for name, op in OPS.items()
 #: ``LSTMBlockFusedCell`` (``tf.compat.v1`` / ``tf.contrib.rnn``).
 TF_NAMES = {"w": "kernel", "b": "bias", "wci": "w_i_diag", "wcf": "w_f_diag", "wco": "w_o_diag"}
 _PEEPHOLES = ("wci", "wcf", "wco")
+#: The op's weight inputs, in :meth:`LSTM.layer_inputs`' order.
+_WEIGHTS = ("w", "wci", "wcf", "wco", "b")
 
 
 class LSTM(torch.nn.Module):
@@ -124,10 +127,14 @@ class LSTM(torch.nn.Module):
     def layer_inputs(self, layer: int) -> dict[str, torch.Tensor]:
         """The op's weight inputs of ``layer`` (``w, wci, wcf, wco, b``; zeros for the ones
         the module does not have)."""
-        names, H = self._names[layer], self.hidden_size
-        zeros = {"b": self._zeros, **{p: self._zeros[:H] for p in _PEEPHOLES}}
-        return {n: getattr(self, names[n]) if n in names else zeros[n]
-                for n in ("w", "wci", "wcf", "wco", "b")}
+        zeros = self._buffers["_zeros"]
+        return self._weights(layer, zeros, zeros[:self.hidden_size])
+
+    def _weights(self, layer: int, zeros, zeros_h) -> dict[str, torch.Tensor]:
+        """:meth:`layer_inputs` with the zeros given (``zeros_h``: the first H of them)."""
+        names, params = self._names[layer], self._parameters
+        return {n: params[names[n]] if n in names else zeros if n == "b" else zeros_h
+                for n in _WEIGHTS}
 
     def forward(self, x: torch.Tensor, state=None, sequence_length=None):
         """Run the layers over ``x``; returns ``(output, (h_n, c_n))`` (see the class doc)."""
@@ -147,12 +154,18 @@ class LSTM(torch.nn.Module):
             mask = (torch.arange(T, device=lengths.device)[:, None] < lengths[None, :])
             mask = mask.unsqueeze(-1).to(x.dtype)
         h_n, c_n = [], []
+        names = OPS[self.op].input_names
+        zeros = self._buffers["_zeros"]
+        zeros_h = zeros[:self.hidden_size]
         for k in range(self.num_layers):
             inputs = {"seq_len_max": steps, "x": x, "cs_prev": c0[k], "h_prev": h0[k],
-                      **self.layer_inputs(k)}
-            out = call(self.op, overload, tuple(inputs[n] for n in OPS[self.op].input_names),
-                       self.attrs)
-            cs, h = out[1], out[6]
+                      **self._weights(k, zeros, zeros_h)}
+            args = tuple(inputs[n] for n in names)
+            if eager_ok([a for a in args if isinstance(a, torch.Tensor)]):
+                cs, h = layer_function(self.op).apply(self.attrs, *args)
+            else:
+                out = call(self.op, overload, args, self.attrs)
+                cs, h = out[1], out[6]
             if lengths is None:
                 last_h, last_c = (h[-1], cs[-1]) if T > 0 else (h0[k], c0[k])
             else:
