@@ -150,6 +150,7 @@ def test_layer_gradients_survive_a_later_forward():
     loss_w = _array((T, B, H), 3)
     first = torch.from_numpy(x1).requires_grad_()
     y1, _ = module(first)
+    assert type(y1.grad_fn).__name__ == "BlockLSTMLayerFunctionBackward"
     y2, _ = module(torch.from_numpy(x2).requires_grad_())
     (y1 * torch.from_numpy(loss_w)).sum().backward()
     want = _tf_two_layer_gradients(module, x1, loss_w)
