@@ -7,9 +7,11 @@ import functools
 import numbers
 
 import numpy as np
+import tvm_ffi
 
 from . import build as _build
 from ._args import AliasGuard, LastCall, bind_inputs, kernel_error, out_list
+from ._host_arrays import OutputLayout
 from ._launch import launcher_for
 from ._tvm import configure_threads, device_exists, device_for, tvm
 from .targets import missing_device_error
@@ -35,7 +37,8 @@ class CompiledOp:
     Call it with the op's inputs as TVM tensors on :attr:`device` (positionally in TF's order,
     or by TF's keyword names); ``T`` and ``B`` may change from call to call. Outputs are
     allocated unless given as ``out=`` (a sequence in TF's output order whose tensors share
-    memory with no other output and no input, else ``ValueError``). Inputs are checked like
+    memory with no other output and no input, else ``ValueError``); on a CPU, in memory that
+    earlier outputs of the same shapes left once every one of them was dropped. Inputs are checked like
     ``raw_ops`` before the kernel runs. :meth:`bind` holds weights constant over many calls.
     """
 
@@ -64,6 +67,7 @@ class CompiledOp:
         self._bound: dict = {}  # see bind
         self._free = self.op.input_names  # the inputs a call takes
         self._packs: tuple = ()  # the weight panels of a prepacked kernel
+        self._layouts: dict[tuple, OutputLayout] = {}  # output shapes -> their host buffers
 
     @property
     def attrs(self) -> dict:
@@ -211,8 +215,27 @@ class CompiledOp:
             self._checked[key] = result
         return result
 
+    def _host_outputs(self, shapes: tuple) -> list:
+        """New CPU output tensors in memory an earlier call's outputs left once they were all
+        dropped (:class:`lstm_tvm._host_arrays.OutputLayout`): a loop that lets go of each
+        call's outputs writes the same memory every time instead of touching fresh pages. The
+        tensors are DLPack views of the buffer's arrays, which keep it from being lent again
+        while any of them (or anything made of them) is alive."""
+        layout = self._layouts.get(shapes)
+        if layout is None:
+            if len(self._layouts) >= 64:
+                self._layouts.clear()
+            layout = self._layouts[shapes] = OutputLayout(shapes, self.spec.dtype)
+        buffer = layout.borrow(layout)
+        try:
+            return [tvm_ffi.from_dlpack(a) for a in buffer.arrays]
+        finally:
+            layout.give_back(layout, buffer)
+
     def _outputs(self, shapes: dict, out):
         if out is None:
+            if self.device.dlpack_device_type() == 1:  # CPU
+                return self._host_outputs(tuple(shapes.values()))
             return [tvm.runtime.empty(s, self.spec.dtype, self.device) for s in shapes.values()]
         out = out_list(self.op.name, out, len(shapes))
         for (name, shape), tensor in zip(shapes.items(), out):

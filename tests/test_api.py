@@ -45,6 +45,34 @@ def test_compile_accepts_positional_inputs_and_out():
         fn(*args, out=[tvm.runtime.empty((3, 2), "float32")] + out[1:])
 
 
+def test_compile_reuses_the_memory_of_dropped_outputs_only():
+    """A CPU call without ``out=`` writes the memory of an earlier call's outputs once every
+    one of them was dropped, and never the memory of outputs still held, whether in Python or
+    only by TVM (a ``tvm_ffi`` array): each result against the float64 reference."""
+    import tvm_ffi
+
+    fn = lstm_tvm.compile("BlockLSTM", input_size=3, cell_size=4)
+    calls = [testing.make_inputs("BlockLSTM", T=5, B=2, I=3, H=4, seed=s) for s in range(4)]
+    want = [reference.run("BlockLSTM", inputs, {})["h"] for inputs in calls]
+
+    def address(tensor):
+        return np.from_dlpack(tensor).__array_interface__["data"][0]
+
+    first = fn(**_tvm_inputs(calls[0], fn.device))
+    first_h = address(first.h)
+    del first
+    second = fn(**_tvm_inputs(calls[1], fn.device))
+    assert address(second.h) == first_h  # every output of the first call was dropped
+    held_by_tvm = tvm_ffi.convert([second.h])
+    del second
+    for k in (2, 3):  # the memory held by the TVM array is not written
+        out = fn(**_tvm_inputs(calls[k], fn.device))
+        assert address(out.h) != first_h
+        testing.assert_close(out.h.numpy(), want[k], "float32", f"h of call {k}")
+        testing.assert_close(held_by_tvm[0].numpy(), want[1], "float32", "h held by TVM")
+        del out
+
+
 @pytest.mark.parametrize("target", ["llvm", {"kind": "llvm"}, '{"kind": "llvm"}'])
 def test_compile_target_forms(target):
     fn = lstm_tvm.compile("LSTMBlockCellGrad", target=target, input_size=3, cell_size=2,
