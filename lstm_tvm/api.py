@@ -38,8 +38,9 @@ class CompiledOp:
     or by TF's keyword names); ``T`` and ``B`` may change from call to call. Outputs are
     allocated unless given as ``out=`` (a sequence in TF's output order whose tensors share
     memory with no other output and no input, else ``ValueError``); on a CPU, in memory that
-    earlier outputs of the same shapes left once every one of them was dropped. Inputs are checked like
-    ``raw_ops`` before the kernel runs. :meth:`bind` holds weights constant over many calls.
+    earlier outputs of the same shapes left once every one of them was dropped. Inputs are
+    checked like ``raw_ops`` before the kernel runs. :meth:`bind` holds weights constant over
+    many calls.
     """
 
     def __init__(self, spec: _build.BuildSpec, device=None):
