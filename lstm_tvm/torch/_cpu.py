@@ -14,7 +14,6 @@ of the call (:mod:`lstm_tvm.torch._openmp`).
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import tvm_ffi
 
@@ -49,10 +48,9 @@ class CpuKernel:
         return tuple(map(torch.from_numpy, self.arrays(args, attrs)))
 
     def arrays(self, args, attrs) -> list:
-        """The outputs of a call as NumPy arrays over ``raw_ops``' buffers. A float input may
-        also be a NumPy array (the gate outputs of a forward, kept for its backward)."""
+        """The outputs of a call as NumPy arrays over ``raw_ops``' buffers."""
         try:
-            key = (tuple(map(_key, (args[i] for i in self._floats))),
+            key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu) for i in self._floats),
                    tuple(sorted((k, type(v), v) for k, v in attrs.items())))
         except AttributeError:  # an input that is not a tensor: raw_ops says which
             key = None
@@ -64,11 +62,8 @@ class CpuKernel:
                                plan.T),)
         tensors = []
         for i in self._floats:
-            t = args[i]
-            if type(t) is not np.ndarray:
-                t = t.detach()
-                t = t if t.is_contiguous() else t.contiguous()
-            tensors.append(tvm_ffi.from_dlpack(t))
+            t = args[i].detach()
+            tensors.append(tvm_ffi.from_dlpack(t if t.is_contiguous() else t.contiguous()))
         release_idle_workers()
         outputs = plan.layout.borrow(plan)
         try:
@@ -91,13 +86,6 @@ class CpuKernel:
             self._plans[key] = plan
         release_idle_workers()
         return list(raw_ops._execute(op, plan, tensors, seq_len_max))
-
-
-def _key(value) -> tuple:
-    """What a float input contributes to a call's configuration."""
-    if type(value) is np.ndarray:
-        return value.shape, value.dtype
-    return value.shape, value.dtype, value.is_cpu
 
 
 def host_value(op: OpSpec, name: str, value):
