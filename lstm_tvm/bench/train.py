@@ -29,7 +29,7 @@ import numpy as np
 
 from . import harness as _bench
 
-__all__ = ["IMPLS", "DEFAULT_SHAPES", "run", "render", "measure_step"]
+__all__ = ["IMPLS", "DEFAULT_SHAPES", "run", "render", "measure_step", "paired_ratio"]
 
 IMPLS = ("kernels", "lstm_tvm.torch", "torch", "lstm_tvm.tf", "tf")
 #: T=100, I=H=256 at batches 1, 8 and 32.
@@ -195,21 +195,30 @@ def _combined(rows: list) -> dict:
     return row
 
 
-def _ratio(num, den):
-    return f"{num / den:.2f}" if num and den else "-"
+def paired_ratio(num: dict, den: dict) -> float | None:
+    """``num``'s time over ``den``'s (two results of one shape): with more than one round, the
+    median of the rounds' ratios (each round ran both back to back, so a slow spell of the
+    machine falls on both), else the ratio of the medians; None without both."""
+    a, b = num.get("process_ms") or [], den.get("process_ms") or []
+    if len(a) > 1 and len(a) == len(b):
+        return float(np.median([x / y for x, y in zip(a, b)]))
+    if num.get("median_ms") and den.get("median_ms"):
+        return num["median_ms"] / den["median_ms"]
+    return None
 
 
 def render(report: dict) -> str:
     """The report as a table of at most 100 columns: each implementation's median and mean
     step, the fastest and slowest of its processes' medians (with more than one round), how
     much faster lstm_tvm's routes are than the framework's own LSTM (``speed-up vs own``: its
-    median over ours) and what a route adds to the bare kernels (``over kernels``, medians)."""
+    time over ours) and what a route adds to the bare kernels (``over kernels``), both by
+    :func:`paired_ratio`."""
     from .cli_common import format_table
 
     meta = report["meta"]
     rounds = meta.get("rounds", 1)
-    runs = (f"; median over {rounds} processes each, run in {rounds} rounds" if rounds > 1
-            else "")
+    runs = (f"; median over {rounds} processes each, run in {rounds} rounds; ratios are "
+            f"medians of the rounds' ratios" if rounds > 1 else "")
     header = (f"machine: {_bench.describe_machine(meta['machine'])}. Training step (forward + "
               f"backward), float32, {meta['threads']} threads, median and mean of "
               f"{meta['repeat']} after {meta['warmup']} warm-up{runs}; load average "
@@ -221,17 +230,18 @@ def render(report: dict) -> str:
         shape = tuple(r["shape"])
         med = r.get("median_ms")
         peer = {"lstm_tvm.torch": "torch", "lstm_tvm.tf": "tf"}.get(r["impl"])
-        peer_ms = by.get((peer, shape), {}).get("median_ms") if peer else None
-        kernels = by.get(("kernels", shape), {}).get("median_ms")
-        over = f"{(med / kernels - 1) * 100:+.1f}%" if med and kernels and peer else "-"
+        speed_up = over = None
+        if peer:
+            speed_up = paired_ratio(by.get((peer, shape), {}), r)
+            over = paired_ratio(r, by.get(("kernels", shape), {}))
         spread = "-"
         if len(r.get("process_ms", ())) > 1:
             spread = f"{min(r['process_ms']):.2f}-{max(r['process_ms']):.2f}"
         mean = r.get("mean_ms")
         rows.append(["x".join(map(str, shape)), r["impl"],
                      f"{med:.3f}" if med else r["status"], f"{mean:.3f}" if mean else "-",
-                     spread,
-                     _ratio(peer_ms, med) if peer else "-", over])
+                     spread, "-" if speed_up is None else f"{speed_up:.2f}",
+                     "-" if over is None else f"{(over - 1) * 100:+.1f}%"])
     lines.append(format_table(["TxBxIxH", "impl", "median ms", "mean ms", "processes ms",
                                "speed-up vs own", "over kernels"], rows))
     return "\n".join(lines)
