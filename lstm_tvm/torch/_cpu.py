@@ -14,6 +14,8 @@ of the call (:mod:`lstm_tvm.torch._openmp`).
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import tvm_ffi
 
@@ -21,11 +23,11 @@ from .. import build as _build
 from .. import raw_ops
 from .._args import kernel_error
 from .._launch import launch
-from ..registry import OpSpec
+from ..registry import OpSpec, get_op
 from ..validation import check_seq_len_max
 from ._openmp import release_idle_workers
 
-__all__ = ["CpuKernel", "dtype_text"]
+__all__ = ["CpuKernel", "dtype_text", "kernel"]
 
 #: Configurations a kernel keeps plans for (all are dropped past it).
 _PLANS_KEPT = 64
@@ -86,6 +88,12 @@ class CpuKernel:
             self._plans[key] = plan
         release_idle_workers()
         return list(raw_ops._execute(op, plan, tensors, seq_len_max))
+
+
+@functools.lru_cache(maxsize=None)
+def kernel(op_name: str) -> CpuKernel:
+    """The CPU kernel of ``op_name``: one per process, whichever route calls it."""
+    return CpuKernel(get_op(op_name))
 
 
 def host_value(op: OpSpec, name: str, value):

@@ -21,10 +21,10 @@ from torch.autograd.function import once_differentiable
 from ..autodiff import forward_ops, grad_route
 from ..registry import get_op
 from ._autograd import _formula, _op
-from ._cpu import CpuKernel
+from ._cpu import kernel
 from ._ops import overloads
 
-__all__ = ["cached_zeros", "call", "eager_ok", "eager_function", "kernel"]
+__all__ = ["cached_zeros", "call", "eager_ok", "eager_function"]
 
 #: Zero tensors by (shape, dtype), shared by backward calls (read, never written).
 _ZEROS: dict = {}
@@ -100,8 +100,3 @@ def call(op_name: str, overload: str, args: tuple, attrs: dict):
             return kernel(op_name)(*args, **attrs)
     return _op(op_name, overload)(*args, **attrs)
 
-
-@functools.lru_cache(maxsize=None)
-def kernel(op_name: str) -> CpuKernel:
-    """The CPU kernel of ``op_name`` (one per process)."""
-    return CpuKernel(get_op(op_name))

@@ -11,7 +11,7 @@ import torch
 from ..api import compile as _compile
 from ..registry import KERNEL_OPS, OpSpec, eval_dim, get_op
 from ..validation import validate_attrs, validate_inputs
-from ._cpu import CpuKernel, dtype_text
+from ._cpu import dtype_text, kernel
 
 __all__ = ["NAMESPACE", "INT_OVERLOAD", "define", "overloads", "qualname", "schema"]
 
@@ -65,7 +65,7 @@ def define(lib: torch.library.Library) -> None:
         for overload in overloads(op):
             lib.define(schema(op.name, overload))
             name = qualname(op.name, overload)
-            lib.impl(name, CpuKernel(op), "CPU")
+            lib.impl(name, kernel(op.name), "CPU")
             lib.impl(name, _cuda_kernel(op), "CUDA")
             torch.library.register_fake(name, _fake_kernel(op), lib=lib)
 

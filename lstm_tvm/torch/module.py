@@ -162,7 +162,7 @@ class LSTM(torch.nn.Module):
                       **self._weights(k, zeros, zeros_h)}
             args = tuple(inputs[n] for n in names)
             if eager_ok([a for a in args if isinstance(a, torch.Tensor)]):
-                cs, h = layer_function(self.op).apply(self.attrs, *args)
+                cs, h = layer_function(self.op, overload).apply(self.attrs, *args)
             else:
                 out = call(self.op, overload, args, self.attrs)
                 cs, h = out[1], out[6]
