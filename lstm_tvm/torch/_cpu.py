@@ -36,7 +36,7 @@ _PLANS_KEPT = 64
 class CpuKernel:
     """``op`` on CPU tensors: ``kernel(*inputs, **attrs)``, the inputs in TF's order (tensors,
     ``seq_len_max`` an int or an int64 tensor), returns the outputs as tensors over
-    ``raw_ops``' buffers (see the module doc); :meth:`arrays` returns them as NumPy arrays."""
+    ``raw_ops``' buffers (see the module doc)."""
 
     def __init__(self, op: OpSpec):
         self.op = op
@@ -47,9 +47,9 @@ class CpuKernel:
         self._plans: dict = {}
 
     def __call__(self, *args, **attrs):
-        return tuple(map(torch.from_numpy, self.arrays(args, attrs)))
+        return tuple(map(torch.from_numpy, self._arrays(args, attrs)))
 
-    def arrays(self, args, attrs) -> list:
+    def _arrays(self, args, attrs) -> list:
         """The outputs of a call as NumPy arrays over ``raw_ops``' buffers."""
         try:
             key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu) for i in self._floats),
