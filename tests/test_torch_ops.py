@@ -148,7 +148,8 @@ def test_non_contiguous_inputs_give_the_same_results():
 
 def test_repeated_calls_match_the_reference():
     """A configuration's later calls skip the checks and pass the tensors to the kernel as
-    they are (:mod:`lstm_tvm.torch._cpu`): strided inputs (an expanded gradient, a transposed
+    they are (:mod:`lstm_tvm.torch._cpu`): strided inputs (a gradient that is one value
+    broadcast, another value each call; a ``cs_grad`` expanded along the batch; a transposed
     ``x``), every ``seq_len_max`` in ``0..T`` as an int or a tensor, each against the float64
     reference; an earlier call's outputs stay as they were."""
     inputs = _inputs("BlockLSTMGrad")
@@ -157,12 +158,15 @@ def test_repeated_calls_match_the_reference():
     first = lt.BlockLSTMGrad(**tensors, **attrs)  # checked and planned
     kept = [t.clone() for t in first]
     strided = {**tensors,
-               "h_grad": tensors["h_grad"][:1, :1, :1].expand(T, B, H),
+               "cs_grad": tensors["cs_grad"][:, :1].expand(T, B, H),
                "x": tensors["x"].transpose(0, 1).contiguous().transpose(0, 1)}
-    assert not strided["h_grad"].is_contiguous() and not strided["x"].is_contiguous()
+    assert not strided["cs_grad"].is_contiguous() and not strided["x"].is_contiguous()
+    values = tensors["h_grad"].flatten()
     for seq in range(T + 1):
-        for kind in SEQ_KINDS:
-            args = {**strided, "seq_len_max": torch.tensor(seq) if kind == "tensor" else seq}
+        for k, kind in enumerate(SEQ_KINDS):
+            h_grad = values[2 * seq + k].expand(T, B, H)
+            args = {**strided, "h_grad": h_grad,
+                    "seq_len_max": torch.tensor(seq) if kind == "tensor" else seq}
             got = lt.BlockLSTMGrad(**args, **attrs)
             arrays = {n: np.array(v.numpy()) if isinstance(v, torch.Tensor)
                       else np.asarray(v) for n, v in args.items()}
@@ -171,6 +175,19 @@ def test_repeated_calls_match_the_reference():
                 testing.assert_close(value.numpy(), want[name], "float32",
                                      f"BlockLSTMGrad.{name} seq_len_max={seq} ({kind})")
     assert all(torch.equal(a, b) for a, b in zip(first, kept))
+
+
+def test_single_value_is_read_only_from_a_broadcast():
+    """Only a tensor whose every stride is 0 counts as one value (and not when NaN)."""
+    from lstm_tvm.torch._constants import single_value
+
+    base = torch.tensor([[0.5, -2.0]])
+    assert single_value(base[:, 1:].expand(3, 4)) == -2.0
+    assert single_value(torch.tensor(-0.0).expand(2, 2)) == 0.0
+    assert single_value(base.expand(3, 2)) is None  # strides (0, 1): two values
+    assert single_value(base.t()) is None
+    assert single_value(torch.tensor(0.25)) is None  # not broadcast: nothing to save
+    assert single_value(torch.tensor(float("nan")).expand(2)) is None
 
 
 @pytest.mark.parametrize("case", ["seq_too_long", "seq_negative", "seq_float", "w_shape",

@@ -5,8 +5,10 @@ The first call of a configuration (the inputs' shapes and dtypes, the attributes
 it settles. Later calls of that configuration pass the tensors themselves to the plan's kernel
 and take its outputs in ``raw_ops``' reused buffers, with nothing checked again but
 ``seq_len_max``'s value: what a training loop calls op after op (see the training entries of
-``docs/performance.md``). The kernels read C-contiguous inputs: a strided one (the expanded
-gradient of a ``sum``) is made contiguous by PyTorch first.
+``docs/performance.md``). The kernels read C-contiguous inputs: a strided one is made
+contiguous by PyTorch first, except one value broadcast (the gradient of a ``sum`` or
+``mean``), which reaches the kernel as a shared tensor of that value
+(:mod:`lstm_tvm.torch._constants`): no copy a step.
 
 PyTorch's idle OpenMP workers are released just before a kernel starts, after every PyTorch op
 of the call (:mod:`lstm_tvm.torch._openmp`).
@@ -25,6 +27,7 @@ from .._args import kernel_error
 from .._launch import launch
 from ..registry import OpSpec, get_op
 from ..validation import check_seq_len_max
+from ._constants import constant, single_value
 from ._openmp import release_idle_workers
 
 __all__ = ["CpuKernel", "dtype_text", "kernel"]
@@ -62,10 +65,7 @@ class CpuKernel:
         seq = () if self._seq is None else \
             (check_seq_len_max(self.op, host_value(self.op, "seq_len_max", args[self._seq]),
                                plan.T),)
-        tensors = []
-        for i in self._floats:
-            t = args[i].detach()
-            tensors.append(tvm_ffi.from_dlpack(t if t.is_contiguous() else t.contiguous()))
+        tensors = [tvm_ffi.from_dlpack(contiguous(args[i].detach())) for i in self._floats]
         release_idle_workers()
         outputs = plan.layout.borrow(plan)
         try:
@@ -94,6 +94,18 @@ class CpuKernel:
 def kernel(op_name: str) -> CpuKernel:
     """The CPU kernel of ``op_name``: one per process, whichever route calls it."""
     return CpuKernel(get_op(op_name))
+
+
+def contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as the kernels read it, C-contiguous: itself, a shared tensor of its value
+    where it is one value broadcast (:func:`~lstm_tvm.torch._constants.single_value`), else a
+    copy."""
+    if tensor.is_contiguous():
+        return tensor
+    value = single_value(tensor)
+    if value is None:
+        return tensor.contiguous()
+    return constant(tuple(tensor.shape), tensor.dtype, value)
 
 
 def host_value(op: OpSpec, name: str, value):

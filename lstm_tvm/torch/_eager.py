@@ -21,14 +21,12 @@ from torch.autograd.function import once_differentiable
 from ..autodiff import forward_ops, grad_route
 from ..registry import get_op
 from ._autograd import _formula, _op
+from ._constants import cached_zeros
 from ._cpu import kernel
 from ._ops import overloads
 
-__all__ = ["cached_zeros", "call", "eager_ok", "eager_function"]
+__all__ = ["call", "eager_ok", "eager_function"]
 
-#: Zero tensors by (shape, dtype), shared by backward calls (read, never written).
-_ZEROS: dict = {}
-_ZEROS_KEPT = 8
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -41,17 +39,6 @@ def eager_ok(tensors) -> bool:
             or torch._C._functorch.peek_interpreter_stack() is not None):
         return False
     return all(type(t) in _PLAIN and t.is_cpu for t in tensors)
-
-
-def cached_zeros(like: torch.Tensor) -> torch.Tensor:
-    """A zero tensor of ``like``'s shape and dtype, shared by every caller: only read."""
-    key = (tuple(like.shape), like.dtype)
-    zeros = _ZEROS.get(key)
-    if zeros is None:
-        if len(_ZEROS) >= _ZEROS_KEPT:
-            _ZEROS.clear()
-        zeros = _ZEROS[key] = torch.zeros(key[0], dtype=like.dtype)
-    return zeros
 
 
 @functools.lru_cache(maxsize=None)

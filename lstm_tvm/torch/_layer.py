@@ -18,8 +18,8 @@ from torch.autograd.function import once_differentiable
 
 from ..autodiff import grad_route
 from ._autograd import _formula
+from ._constants import cached_zeros
 from ._cpu import kernel
-from ._eager import cached_zeros
 
 __all__ = ["layer_function"]
 
