@@ -262,9 +262,10 @@ def test_training_rounds_combine_the_processes_of_each_route():
     runs = {"kernels": [row("kernels", m) for m in (2.0, 3.0, 2.5)],
             "lstm_tvm.tf": [row("lstm_tvm.tf", m) for m in (4.0, 3.0, 9.0)],
             "tf": [row("tf", 30.0), {"impl": "tf", "shape": [6, 2, 8, 8],
-                                     "status": "timed out after 1 s"}]}
+                                     "status": "timed out after 1 s"}],
+            "torch": [row("torch", m) for m in (5.0, 6.0, 5.0)]}
     results = [bench_train._combined(r) for r in runs.values()]
-    kernels, ours, tf_row = results
+    kernels, ours, tf_row, _ = results
     assert kernels["median_ms"] == statistics.median([2.0, 3.0, 2.5])
     assert (kernels["min_ms"], kernels["max_ms"]) == (2.0 * 0.9, 3.0 * 1.5)
     assert kernels["mean_ms"] == pytest.approx(statistics.mean([2.2, 3.3, 2.75]))
@@ -277,5 +278,8 @@ def test_training_rounds_combine_the_processes_of_each_route():
     assert line[2:5] == ["4.000", f"{statistics.mean([4.4, 3.3, 9.9]):.3f}", "3.00-9.00"]
     # ratios within each round (4/2, 3/3, 9/2.5), then their median: not 4.0 / 2.5
     assert line[6] == f"{(statistics.median([2.0, 1.0, 3.6]) - 1) * 100:+.1f}%"
+    # the kernels row: nn.LSTM's time over the kernels', round by round (5/2, 6/3, 5/2.5)
+    line = next(line for line in text.splitlines() if " kernels " in line).split()
+    assert line[5:] == [f"{statistics.median([2.5, 2.0, 2.0]):.2f}", "-"]
     assert "median over 3 processes each" in text.replace("\n  ", " ")
     assert "ratios are medians of the rounds' ratios" in text.replace("\n  ", " ")

@@ -207,12 +207,17 @@ def paired_ratio(num: dict, den: dict) -> float | None:
     return None
 
 
+#: The implementation each row's ``speed-up vs own`` is taken against.
+_PEERS = {"kernels": "torch", "lstm_tvm.torch": "torch", "lstm_tvm.tf": "tf"}
+
+
 def render(report: dict) -> str:
     """The report as a table of at most 100 columns: each implementation's median and mean
     step, the fastest and slowest of its processes' medians (with more than one round), how
     much faster lstm_tvm's routes are than the framework's own LSTM (``speed-up vs own``: its
-    time over ours) and what a route adds to the bare kernels (``over kernels``), both by
-    :func:`paired_ratio`."""
+    time over ours; on the ``kernels`` row ``torch.nn.LSTM``'s over the bare kernels', the
+    most a PyTorch layer over them could reach) and what a route adds to the bare kernels
+    (``over kernels``), both by :func:`paired_ratio`."""
     from .cli_common import format_table
 
     meta = report["meta"]
@@ -229,10 +234,11 @@ def render(report: dict) -> str:
     for r in report["results"]:
         shape = tuple(r["shape"])
         med = r.get("median_ms")
-        peer = {"lstm_tvm.torch": "torch", "lstm_tvm.tf": "tf"}.get(r["impl"])
+        peer = _PEERS.get(r["impl"])
         speed_up = over = None
         if peer:
             speed_up = paired_ratio(by.get((peer, shape), {}), r)
+        if r["impl"] in ("lstm_tvm.torch", "lstm_tvm.tf"):
             over = paired_ratio(r, by.get(("kernels", shape), {}))
         spread = "-"
         if len(r.get("process_ms", ())) > 1:
