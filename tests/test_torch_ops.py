@@ -150,17 +150,22 @@ def test_repeated_calls_match_the_reference():
     """A configuration's later calls skip the checks and pass the tensors to the kernel as
     they are (:mod:`lstm_tvm.torch._cpu`): strided inputs (a gradient that is one value
     broadcast, another value each call; a ``cs_grad`` expanded along the batch; a transposed
-    ``x``), every ``seq_len_max`` in ``0..T`` as an int or a tensor, each against the float64
-    reference; an earlier call's outputs stay as they were."""
+    ``x``; an ``h_prev`` one element into its storage), every ``seq_len_max`` in ``0..T``
+    as an int or a tensor, each against the float64 reference; an earlier call's outputs
+    stay as they were."""
     inputs = _inputs("BlockLSTMGrad")
     attrs = {"use_peephole": True}
     tensors = _tensors(inputs)
     first = lt.BlockLSTMGrad(**tensors, **attrs)  # checked and planned
     kept = [t.clone() for t in first]
+    flat_h = tensors["h_prev"].flatten()
     strided = {**tensors,
                "cs_grad": tensors["cs_grad"][:, :1].expand(T, B, H),
-               "x": tensors["x"].transpose(0, 1).contiguous().transpose(0, 1)}
+               "x": tensors["x"].transpose(0, 1).contiguous().transpose(0, 1),
+               # contiguous, one element into its storage (not 64-byte aligned)
+               "h_prev": torch.cat([flat_h[:1], flat_h])[1:].view(B, H)}
     assert not strided["cs_grad"].is_contiguous() and not strided["x"].is_contiguous()
+    assert strided["h_prev"].is_contiguous() and strided["h_prev"].storage_offset() == 1
     values = tensors["h_grad"].flatten()
     for seq in range(T + 1):
         for k, kind in enumerate(SEQ_KINDS):
@@ -175,6 +180,19 @@ def test_repeated_calls_match_the_reference():
                 testing.assert_close(value.numpy(), want[name], "float32",
                                      f"BlockLSTMGrad.{name} seq_len_max={seq} ({kind})")
     assert all(torch.equal(a, b) for a, b in zip(first, kept))
+
+
+def test_a_sparse_input_is_refused_by_name():
+    """A sparse tensor has no memory the kernels can read: a TypeError naming the input,
+    whether or not a dense call of the same shapes came first."""
+    tensors = _tensors(_inputs("BlockLSTM"))
+    sparse = {**tensors, "x": tensors["x"].to_sparse()}
+    for _ in range(2):
+        with pytest.raises(TypeError, match=r"BlockLSTM: input 'x' expected a dense tensor "
+                                            r"\(layout torch.strided\), got layout "
+                                            r"torch.sparse_coo"):
+            lt.BlockLSTM(**sparse)
+        lt.BlockLSTM(**tensors)  # planned: the next sparse call meets the planned path
 
 
 def test_single_value_is_read_only_from_a_broadcast():

@@ -3,7 +3,8 @@
 The first call of a configuration (the inputs' shapes and dtypes, the attributes) goes through
 :mod:`lstm_tvm.raw_ops` on NumPy views of the tensors: every check, the compile, and the plan
 it settles. Later calls of that configuration pass the tensors themselves to the plan's kernel
-and take its outputs in ``raw_ops``' reused buffers, with nothing checked again but
+(TVM's FFI reads a tensor's memory through PyTorch's DLPack exchange, with no Python-level
+conversion) and take its outputs in ``raw_ops``' reused buffers, with nothing checked again but
 ``seq_len_max``'s value: what a training loop calls op after op (see the training entries of
 ``docs/performance.md``). The kernels read C-contiguous inputs: a strided one is made
 contiguous by PyTorch first, except one value broadcast (the gradient of a ``sum`` or
@@ -19,7 +20,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import tvm_ffi
 
 from .. import build as _build
 from .. import raw_ops
@@ -55,7 +55,8 @@ class CpuKernel:
     def _arrays(self, args, attrs) -> list:
         """The outputs of a call as NumPy arrays over ``raw_ops``' buffers."""
         try:
-            key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu) for i in self._floats),
+            key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu, args[i].layout)
+                         for i in self._floats),
                    tuple(sorted((k, type(v), v) for k, v in attrs.items())))
         except AttributeError:  # an input that is not a tensor: raw_ops says which
             key = None
@@ -65,7 +66,7 @@ class CpuKernel:
         seq = () if self._seq is None else \
             (check_seq_len_max(self.op, host_value(self.op, "seq_len_max", args[self._seq]),
                                plan.T),)
-        tensors = [tvm_ffi.from_dlpack(contiguous(args[i].detach())) for i in self._floats]
+        tensors = [contiguous(args[i]) for i in self._floats]  # TVM's FFI takes tensors
         release_idle_workers()
         outputs = plan.layout.borrow(plan)
         try:
@@ -113,6 +114,9 @@ def host_value(op: OpSpec, name: str, value):
     tensor that is not on the CPU only as ``seq_len_max``, copied)."""
     if not isinstance(value, torch.Tensor):
         return value  # seq_len_max of the int overload
+    if value.layout != torch.strided:
+        raise TypeError(f"{op.name}: input {name!r} expected a dense tensor (layout "
+                        f"torch.strided), got layout {value.layout}")
     if not value.is_cpu:
         if op.input(name).dtype == "T":
             raise ValueError(f"{op.name}: input {name!r} expected a tensor on the CPU like "
