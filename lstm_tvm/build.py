@@ -56,7 +56,9 @@ class BuildSpec:
     weight panels as parameters between its inputs and outputs, and the module has a second
     function, :attr:`pack_func_name`, that fills them from ``w`` (see
     :mod:`lstm_tvm.kernels._weights`; for an op that packs no weights the kernel is the same
-    as without).
+    as without). ``tensor_cores``: a CUDA kernel built with
+    :attr:`~lstm_tvm.kernels.variant.KernelVariant.tensor_cores` (from
+    :func:`lstm_tvm.env.cuda_tensor_cores` when the spec is made).
     """
 
     op: str
@@ -67,6 +69,7 @@ class BuildSpec:
     target: str
     tuned: tuple = ()
     prepacked: bool = False
+    tensor_cores: bool = False
 
     @property
     def func_name(self) -> str:
@@ -84,8 +87,10 @@ class BuildSpec:
     @property
     def variant(self) -> KernelVariant:
         """The form of the kernel this spec builds: its target's
-        (:func:`lstm_tvm.schedule.traits.kernel_variant`), prepacked as :attr:`prepacked` says."""
-        return self.resolved.variant(self.prepacked)
+        (:func:`lstm_tvm.schedule.traits.kernel_variant`), prepacked and with tensor cores as
+        :attr:`prepacked` and :attr:`tensor_cores` say."""
+        return dataclasses.replace(self.resolved.variant(self.prepacked),
+                                   tensor_cores=self.tensor_cores)
 
     def with_prepacked_weights(self) -> BuildSpec:
         """The spec of this kernel taking its weight panels: prepacked for an op that packs
@@ -116,7 +121,8 @@ def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
     norm = tuple(sorted((k, bool(v) if isinstance(v, bool) else float(v)) for k, v in attrs.items()))
     resolved = resolve(target)
     records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
-    spec = BuildSpec(op, dtype, int(input_size), int(cell_size), norm, resolved.key, records)
+    spec = BuildSpec(op, dtype, int(input_size), int(cell_size), norm, resolved.key, records,
+                     tensor_cores=resolved.kind == "cuda" and env.cuda_tensor_cores())
     return spec.with_prepacked_weights() if prepacked else spec
 
 

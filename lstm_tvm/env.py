@@ -7,6 +7,8 @@
   ``~/.local/share/lstm_tvm/schedules`` on Linux).
 - ``LSTM_TVM_SHIPPED_SCHEDULES``: ``0`` (or ``off``, ``false``, ``no``) ignores the tuning
   records shipped with lstm_tvm, e.g. to compare with the rule-based schedules.
+- ``LSTM_TVM_CUDA_TENSOR_CORES``: ``1`` builds the float16 CUDA kernels with their input
+  projection on tensor cores (:func:`cuda_tensor_cores`; experimental, off by default).
 """
 
 from __future__ import annotations
@@ -32,6 +34,14 @@ _APP = "lstm_tvm"
 #: PyTorch, TensorFlow or ONNX Runtime that ran next (docs/performance.md, "TVM's spinning
 #: workers").
 POOL_SPIN_COUNT = 1000
+
+
+def cuda_tensor_cores() -> bool:
+    """Whether float16 CUDA kernels put their input projection on tensor cores
+    (``LSTM_TVM_CUDA_TENSOR_CORES=1``; WMMA 16x16x16 products with float32 accumulators,
+    :func:`lstm_tvm.schedule.gpu.schedule_gpu`). Off until a GPU has measured it against the
+    float32-FMA GEMMs (docs/guide/cuda.md)."""
+    return os.environ.get("LSTM_TVM_CUDA_TENSOR_CORES", "0") == "1"
 
 
 def cache_dir() -> Path:

@@ -50,9 +50,10 @@ def _attrs(op_name, use_peephole=True):
                                      testing.op_attrs(op_name, {"use_peephole": use_peephole}))
 
 
-def _kernel(op_name, dtype, input_size, cell_size, attrs):
+def _kernel(op_name, dtype, input_size, cell_size, attrs, variant=KernelVariant(cpu=False)):
+    # the GPU form, as build.primfunc builds for a GPU
     return BUILDERS[op_name](registry.get_op(op_name), dtype, input_size, cell_size, attrs,
-                             KernelVariant(cpu=False))  # as build.primfunc builds for a GPU
+                             variant)
 
 
 def _launches(func, stmt=None) -> int:
@@ -213,10 +214,11 @@ def _serial(func):
     return func.with_body(tvm_ffi.structural_map(func.body, (tirx.For, visit), order="post"))
 
 
-def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole, I=I, H=H):
+def _run_serialized(op_name, dtype, B, T, seq_len_max, use_peephole, I=I, H=H,
+                    variant=KernelVariant(cpu=False)):
     attrs = _attrs(op_name, use_peephole)
     failures = []
-    func = schedule_for(op_name, _kernel(op_name, dtype, I, H, attrs),
+    func = schedule_for(op_name, _kernel(op_name, dtype, I, H, attrs, variant),
                         resolve_target({"kind": "cuda", "arch": "sm_80"}), failures)
     assert failures == []
     with tvm.transform.PassContext(config={"tirx.instrument_bound_checkers": True}):
@@ -265,6 +267,51 @@ def test_gpu_allocations_start_at_their_own_memory(op_name, dtype):
 @pytest.mark.parametrize("op_name, dtype, T, seq_len_max, use_peephole", list(_semantics_cases()))
 def test_gpu_schedule_semantics_on_cpu(op_name, dtype, T, seq_len_max, use_peephole):
     _run_serialized(op_name, dtype, 3, T, seq_len_max, use_peephole)
+
+
+#: The tensor-core variant's sizes: a thread block's columns (128 = 4H) and slab (32 = I).
+TC_I, TC_H = 32, 32
+TENSOR_CORES = KernelVariant(cpu=False, tensor_cores=True)
+
+
+@pytest.mark.parametrize("op_name", ["BlockLSTM", "BlockLSTMV2"])
+def test_tensor_core_variant_puts_the_float16_input_projection_on_tensor_cores(op_name,
+                                                                              monkeypatch):
+    """``LSTM_TVM_CUDA_TENSOR_CORES=1``: the spec of a float16 CUDA forward says so (its own
+    cache entry), its input projection is WMMA products (the CUDA source), and nvcc compiles
+    that source for sm_80 and sm_90 where it is installed. Float32 kernels and the default
+    variant have none."""
+    attrs = _attrs(op_name)
+    target = {"kind": "cuda", "arch": "sm_80"}
+    default = build.make_spec(op_name, "float16", TC_I, TC_H, attrs, target)
+    monkeypatch.setenv("LSTM_TVM_CUDA_TENSOR_CORES", "1")
+    spec = build.make_spec(op_name, "float16", TC_I, TC_H, attrs, target)
+    assert spec.tensor_cores and not default.tensor_cores
+    assert spec.digest() != default.digest()
+    assert not build.make_spec(op_name, "float16", TC_I, TC_H, attrs, "llvm").tensor_cores
+    failures = []
+    scheduled = schedule_for(op_name, _kernel(op_name, "float16", TC_I, TC_H, attrs,
+                                              TENSOR_CORES), resolve_target(target), failures)
+    assert failures == [] and unbound_blocks(scheduled) == []
+    source = build.build(spec).mod.imports[0].inspect_source()
+    assert len(re.findall(r"wmma::mma_sync", source)) == 1
+    for dtype, variant in (("float32", TENSOR_CORES), ("float16", KernelVariant(cpu=False))):
+        func = schedule_for(op_name, _kernel(op_name, dtype, TC_I, TC_H, attrs, variant),
+                            resolve_target(target), [])
+        assert "tvm_mma_sync" not in func.script()
+    if NVCC is not None:
+        for arch in ARCHS:
+            assert nvcc_compile(source, arch)[:4] == b"\x7fELF"
+
+
+@pytest.mark.parametrize("T, seq_len_max", [(4, 4), (4, 1), (3, 0)])
+def test_tensor_core_variant_semantics_on_cpu(T, seq_len_max, monkeypatch):
+    """The tensor-core variant's kernel (float16 operands, rows padded for the tiles, the bias
+    in the gate math) against the reference, serially on the CPU, with its input projection
+    scheduled by the plain GEMM rule (the tensor cores' intrinsics run only on a GPU)."""
+    monkeypatch.setattr(gpu_schedule, "_tensor_core_gemm", lambda sch, block: False)
+    _run_serialized("BlockLSTM", "float16", 3, T, seq_len_max, True, I=TC_I, H=TC_H,
+                    variant=TENSOR_CORES)
 
 
 def test_split_step_gemm_with_lanes_across_warps_on_cpu():

@@ -13,7 +13,9 @@ product over exactly ``B`` rows); a prepacked kernel's product then reads ``w_un
 :func:`weight_packs`). The state stays in float32 between steps, unrounded even for
 float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate); ``h`` in two slots
 on CPUs, one read and one written each step. Steps ``t >= seq_len_max`` are zero in every
-output (block ``pad``).
+output (block ``pad``). A float16 kernel of the tensor-core variant
+(:attr:`KernelVariant.tensor_cores`) reads float16 operands in its input projection instead,
+for the GPU's tensor cores (:func:`_tensor_core_projection`).
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def _units_column(j, H):
     return (j % H) // PANEL * (GATES * PANEL) + j // H * PANEL + j % PANEL
 
 
+#: Rows of a tensor-core variant's input projection are padded to a multiple of this: a thread
+#: block's tile of 16x16 fragments (``lstm_tvm.schedule.gpu.WMMA_WARPS`` x ``WMMA_FRAGMENTS``).
+TC_ROWS = 64
+
+
 def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict,
         variant: KernelVariant, gemms: list | None = None):
     """``BlockLSTM`` / ``BlockLSTMV2`` over ``seq_len_max`` steps; symbolic ``T`` and ``B``.
@@ -93,6 +100,24 @@ def block_lstm(op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: d
     return kb.get()
 
 
+def _tensor_core_projection(kb, buf: dict, x, xw, valid, rows, I: int, G: int,
+                            dtype: str) -> None:
+    """The input projection ``xw = x @ w[:I]`` of a tensor-core variant (block ``xw``):
+    float16 operands read as such (the ``valid`` rows of ``x`` copied, the rest zero, block
+    ``x_f16``; ``w`` in place) and float32 sums from zero (the gate math adds the bias). All
+    ``rows`` rows (``T * B``, not ``seq_len_max * B``) padded to :data:`TC_ROWS` are computed:
+    the GEMM then covers exactly its buffers' rows but the last ``TC_ROWS``, which only a
+    launch on an empty grid writes (a schedule cannot prove ``seq_len_max <= T``, and a row
+    count it cannot bound against a buffer's makes it add predicates that tensorization
+    refuses)."""
+    padded_rows = padded(rows, TC_ROWS)
+    x16 = kb.temp("x_f16", (padded_rows + TC_ROWS, I), dtype)
+    kb.spatial("x_f16", (padded_rows, I), lambda m, k: T.buffer_store(
+        x16, tirx.if_then_else(m < valid, x[m, k], tirx.const(0, dtype)), [m, k]))
+    kb.gemm("xw", xw, rows, G, I, lambda m, k: f32(x16[m, k]),
+            lambda k, j: f32(buf["w"][k, j]), multiple=TC_ROWS)
+
+
 def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs: dict, buf: dict,
              size: dict, packed: bool) -> None:
     """The blocks of :func:`block_lstm`, with ``w`` packed into panels or read in place."""
@@ -103,7 +128,8 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
     L, Tn, B = buf["seq_len_max"], size["T"], size["B"]
     x = flat(buf["x"], Tn * B)
     rows = Tn * B if packed else PACK_FROM_ROWS  # the short version's rows are fewer
-    xw = kb.temp("xw", (rows + ROW_TILE, G))
+    tc = kb.variant.tensor_cores and dtype != ACC  # see _tensor_core_projection
+    xw = kb.temp("xw", (padded(Tn * B, TC_ROWS) + TC_ROWS, G) if tc else (rows + ROW_TILE, G))
     gates = kb.temp("gates", (padded(B), G))
     cs_state, cs_next = kb.temp("cs_state", (B, H)), kb.temp("cs_next", (B, H))
     acts = activation_scratch(kb, B, H)
@@ -114,7 +140,9 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
     # ``w``'s column; the others' gate-rows product reads ``w``'s panels.
     units = (weight_panels(kb, buf, next(p for p in packs if p.name == "w_units"))
              if kb.prepacked and "w_units" in buf else None)
-    if dtype == ACC:
+    if tc:
+        _tensor_core_projection(kb, buf, x, xw, L * B, Tn * B, I, G, dtype)
+    elif dtype == ACC:
         # The padded rows read the last row again (a clamped index: a guarded load in
         # a GEMM operand keeps LLVM from holding the accumulators in registers); their
         # results are never used.
@@ -130,7 +158,8 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
 
         def row(m, k):
             return x[m, k]
-    kb.gemm("xw", xw, L * B, G, I, row, w, init=lambda m, j: f32(buf["b"][j]))
+    if not tc:
+        kb.gemm("xw", xw, L * B, G, I, row, w, init=lambda m, j: f32(buf["b"][j]))
 
     # The h state in two slots on CPUs, one read and one written each step (the threads of a
     # gate-rows step run its product and gate math without a barrier between: see
@@ -163,6 +192,9 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
             init = None
 
             def pre(n, k, g):
+                if tc:
+                    return (gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
+                            + f32(buf["b"][off[g] + k]))
                 return gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
 
         def h(n, k):

@@ -31,6 +31,9 @@ class KernelVariant:
     are cut from such static-shape kernels); empty: symbolic ones. ``l2_bytes``: the L2
     cache per core that working sets cut into chunks are sized for (the target's
     ``CpuTraits.l2_bytes``; the GPU form keeps this default, the CPU figure).
+    ``tensor_cores`` (GPU form only): a float16 sequence forward keeps ``x`` and ``w`` in
+    float16 for its input projection, whose rows are padded for tensor-core tiles, and adds the
+    bias in the gate math (see :mod:`.block_lstm`).
     """
 
     cpu: bool = True
@@ -38,6 +41,7 @@ class KernelVariant:
     prepacked: bool = False
     fixed_sizes: tuple = ()
     l2_bytes: int = 2 * 2**20
+    tensor_cores: bool = False
 
     def with_sizes(self, **sizes: int) -> KernelVariant:
         """This variant with constant sizes, e.g. ``with_sizes(T=64, B=32)``."""

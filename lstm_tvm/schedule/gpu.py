@@ -181,6 +181,9 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
         if name in followers:  # bound with the first block of its fusion run
             continue
         try:
+            if rule is _schedule_gemm and _tensor_core_gemm(sch, sch.get_sblock(name)):
+                func = restore_views(isolated(func, name, _schedule_gemm_wmma), views)
+                continue
             if rule is _schedule_gemm:
                 in_step = in_time_step(sch, sch.get_sblock(name))
                 gemm = _schedule_step_gemm if in_step and _sums_from_zero(
@@ -404,3 +407,105 @@ def _schedule_step_gemm(sch: Schedule, block, max_threads: int, tile: StepGemmTi
     sch.reorder(tx_f, im_f, lane_f)
     sch.bind(tx_f, col_axis)
     sch.bind(lane_f, lane_axis)
+
+
+#: Warps of a tensor-core GEMM's thread block (rows x columns) and 16x16 fragments per warp.
+WMMA_WARPS = (2, 4)
+WMMA_FRAGMENTS = (2, 2)
+WMMA_K_FRAGMENTS = 2
+
+
+def _tensor_core_gemm(sch: Schedule, block) -> bool:
+    """Whether a GEMM block suits :func:`_schedule_gemm_wmma`: ``out += f32(a16) * f32(b16)``
+    with a float32 output (the tensor cores' float16 product with float32 sums; only a
+    tensor-core variant's kernels have such blocks, see
+    :attr:`~lstm_tvm.kernels.variant.KernelVariant.tensor_cores`), its extents multiples of a
+    thread block's tile."""
+    stmt = sch.get(block)
+    (m, n), (k,) = _axes(sch, block)
+    wy, wx = WMMA_WARPS
+    fy, fx = WMMA_FRAGMENTS
+    if not (divides(16 * wy * fy, sch.get(m).extent) and divides(16 * wx * fx, sch.get(n).extent)
+            and divides(16 * WMMA_K_FRAGMENTS, sch.get(k).extent)):
+        return False
+    value = stmt.body.value
+    product = value.b if isinstance(value, tirx.Add) else None
+    if not isinstance(product, tirx.Mul) or str(stmt.writes[0].source.dtype) != "float32":
+        return False
+    return all(isinstance(o, tirx.Cast) and hasattr(o.value, "source")
+               and str(o.value.source.dtype) == "float16" for o in (product.a, product.b))
+
+
+def _schedule_gemm_wmma(sch: Schedule, block) -> None:
+    """A float16 GEMM on tensor cores (WMMA 16x16x16, float32 accumulators): each warp computes
+    ``WMMA_FRAGMENTS`` 16x16 tiles of a thread block's ``WMMA_WARPS`` grid; both operands are
+    staged per reduction slab in dynamic shared memory. The rows must be a multiple of the
+    block's (the kernel pads them), the columns and the reduction of its tile."""
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+    from .._tvm import meta_schedule
+
+    meta_schedule()  # registers the tensor intrinsics
+    (m, n), (k,) = _axes(sch, block)
+    wy, wx = WMMA_WARPS
+    fy, fx = WMMA_FRAGMENTS
+    m, mi = sch.split(m, [None, 16])
+    n, ni = sch.split(n, [None, 16])
+    k, ki = sch.split(k, [None, 16])
+    sch.reorder(m, n, k, mi, ni, ki)
+    inner = block
+    outer = sch.blockize(mi)
+    m0, m1, m2 = sch.split(m, [None, wy, fy])
+    n0, n1, n2 = sch.split(n, [None, wx, fx])
+    k0, k1 = sch.split(k, [None, WMMA_K_FRAGMENTS])
+    sch.reorder(m0, n0, m1, n1, k0, k1, m2, n2)
+    sch.bind(m0, "blockIdx.x")  # rows (possibly dynamic) apart from the static columns
+    sch.bind(n0, "blockIdx.y")
+    # warps on two thread axes: fusing the (int64) row and (int32) column loops would put a
+    # cast in the bindings, which blockize (tensorize) cannot divide
+    sch.bind(m1, "threadIdx.z")
+    sch.bind(n1, "threadIdx.y")
+    warp = n1
+
+    def to_shared(index):
+        copy = sch.cache_read(outer, index, "shared.dyn")
+        sch.compute_at(copy, k0)
+        fused = sch.fuse(*sch.get_loops(copy)[-2:])
+        _, tz, ty, tx, vec = sch.split(fused, [None, wy, wx, 32, 4])
+        sch.bind(tx, "threadIdx.x")
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tz, "threadIdx.z")
+        sch.vectorize(vec)
+        sch.storage_align(copy, 0, axis=-2, factor=16, offset=8)
+
+    to_shared(0)
+    to_shared(1)
+    frag_a = sch.cache_read(outer, 0, "wmma.matrix_a")
+    frag_b = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(frag_a, k1)
+    sch.compute_at(frag_b, k1)
+    staged_out = sch.cache_write(outer, 0, "shared.dyn")
+    acc = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(acc, warp)
+    sch.reverse_compute_at(staged_out, warp)
+    group = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared.dyn",
+                                  in_dtype="float16", out_dtype="float32", trans_b=False)
+
+    def tiles_of(b):
+        rows, cols = sch.get_loops(b)[-2:]
+        r0, r1 = sch.split(rows, [None, 16])
+        c0, c1 = sch.split(cols, [None, 16])
+        sch.reorder(r0, c0, r1, c1)
+        return r1
+
+    init = sch.decompose_reduction(outer, k0)
+    init_inner = sch.get_child_blocks(init)[0]
+    sch.tensorize(tiles_of(frag_a), group["load_a"])
+    sch.tensorize(tiles_of(frag_b), group["load_b"])
+    sch.tensorize(sch.get_loops(init_inner)[-2], group["init"])
+    sch.tensorize(tiles_of(acc), group["store"])
+    sch.tensorize(sch.get_loops(inner)[-3], group["compute"])
+    fused = sch.fuse(*sch.get_loops(staged_out)[-2:])
+    _, tx, vec = sch.split(fused, [None, 32, 4])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)

@@ -173,7 +173,7 @@ def guard_empty_launches(func):
 def _stages_shared(stmt) -> bool:
     hit = []
     tvm_ffi.structural_walk(stmt, [(SBlockRealize, lambda node: hit.append(
-        node.block.name_hint.endswith("_shared")))])
+        node.block.name_hint.endswith(("_shared", "_shared.dyn"))))])
     return any(hit)
 
 

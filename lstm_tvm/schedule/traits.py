@@ -15,6 +15,7 @@ import functools
 import json
 
 from .._tvm import target_arch, tvm
+from ..env import cuda_tensor_cores
 from ..kernels.contract import ROW_TILE
 from ..kernels.variant import KernelVariant
 
@@ -131,9 +132,11 @@ def kernel_variant(target, prepacked: bool = False) -> KernelVariant:
     """The :class:`~lstm_tvm.kernels.variant.KernelVariant` of ``target``'s kernels (a
     ``tvm.target.Target``): the CPU form for an ``llvm`` target (GEMMs cut for its register
     tile's rows, :attr:`CpuTraits.gemm_tile_rows`; chunks sized for its
-    :attr:`CpuTraits.l2_bytes`), else the GPU form; ``prepacked`` as given."""
+    :attr:`CpuTraits.l2_bytes`), else the GPU form (a CUDA one with tensor cores where
+    :func:`lstm_tvm.env.cuda_tensor_cores` says so); ``prepacked`` as given."""
     if str(target.kind.name) != "llvm":
-        return KernelVariant(cpu=False, prepacked=prepacked)
+        return KernelVariant(cpu=False, prepacked=prepacked,
+                             tensor_cores=str(target.kind.name) == "cuda" and cuda_tensor_cores())
     traits = cpu_traits(target)
     return KernelVariant(cpu=True, gemm_tile_rows=traits.gemm_tile_rows, prepacked=prepacked,
                          l2_bytes=traits.l2_bytes)
