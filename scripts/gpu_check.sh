@@ -5,6 +5,8 @@
 #   scripts/gpu_check.sh [OUT_DIR]      (default: gpu-check/; logs and bench.json go there)
 # GPU_CHECK_WORKERS: pytest-xdist workers (default 8); BENCH_ARGS: extra bench options;
 # TESTS_TIMEOUT, BENCH_TIMEOUT: seconds each stage may run (default 1800).
+# GPU_CHECK_TENSOR_CORES=1: then also the float16 forward tests and the bench with
+# LSTM_TVM_CUDA_TENSOR_CORES=1 (experimental tensor-core kernels; tc-pytest.txt, tc-bench.json).
 set -uo pipefail
 out=${1:-gpu-check}
 mkdir -p "$out"
@@ -25,5 +27,17 @@ tests=$?
 timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench.cuda --json "$out/bench.json" \
   ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
 bench=$?
-echo "gpu tests exit $tests, bench exit $bench"
-exit $(( tests || bench ))
+tc=0
+if [ "${GPU_CHECK_TENSOR_CORES:-0}" = 1 ]; then
+  export LSTM_TVM_CUDA_TENSOR_CORES=1
+  timeout "${TESTS_TIMEOUT:-1800}" "$python" -m pytest -m gpu -p no:cacheprovider -q \
+    -n "${GPU_CHECK_WORKERS:-8}" --dist load -o addopts="-ra" -k "float16 and BlockLSTM" \
+    tests/test_cuda.py 2>&1 | tee "$out/tc-pytest.txt"
+  tc=$?
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-1800}" "$python" -m lstm_tvm.bench.cuda --json "$out/tc-bench.json" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$out/tc-bench.txt"
+  tc=$(( tc || $? ))
+fi
+echo "gpu tests exit $tests, bench exit $bench, tensor cores exit $tc"
+exit $(( tests || bench || tc ))
