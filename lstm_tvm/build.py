@@ -26,6 +26,7 @@ from ._tvm import build_scope, tvm
 from .kernels import WEIGHT_PACKS, KernelVariant, kernel_func, pack_func, pack_func_name
 from ._host_arrays import ALIGNMENT
 from .schedule import schedule_for
+from .schedule.traits import tensor_cores
 from .targets import ResolvedTarget, from_key, resolve
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,10 @@ class BuildSpec:
     weight panels as parameters between its inputs and outputs, and the module has a second
     function, :attr:`pack_func_name`, that fills them from ``w`` (see
     :mod:`lstm_tvm.kernels._weights`; for an op that packs no weights the kernel is the same
-    as without). ``tensor_cores``: a CUDA kernel built with
-    :attr:`~lstm_tvm.kernels.variant.KernelVariant.tensor_cores` (from
-    :func:`lstm_tvm.env.cuda_tensor_cores` when the spec is made).
+    as without). ``tensor_cores``: a float16 kernel built with
+    :attr:`~lstm_tvm.kernels.variant.KernelVariant.tensor_cores` (where
+    :func:`lstm_tvm.schedule.traits.tensor_cores` said so when the spec was made; float32
+    kernels are the same either way).
     """
 
     op: str
@@ -122,7 +124,7 @@ def make_spec(op: str, dtype: str, input_size: int, cell_size: int, attrs: dict,
     resolved = resolve(target)
     records = _tuned_records(op, dtype, int(input_size), int(cell_size), norm, resolved) if tuned else ()
     spec = BuildSpec(op, dtype, int(input_size), int(cell_size), norm, resolved.key, records,
-                     tensor_cores=resolved.kind == "cuda" and env.cuda_tensor_cores())
+                     tensor_cores=dtype == "float16" and tensor_cores(resolved.target))
     return spec.with_prepacked_weights() if prepacked else spec
 
 

@@ -289,6 +289,7 @@ def test_tensor_core_variant_puts_the_float16_input_projection_on_tensor_cores(o
     assert spec.tensor_cores and not default.tensor_cores
     assert spec.digest() != default.digest()
     assert not build.make_spec(op_name, "float16", TC_I, TC_H, attrs, "llvm").tensor_cores
+    assert not build.make_spec(op_name, "float32", TC_I, TC_H, attrs, target).tensor_cores
     source = build.build(spec).mod.imports[0].inspect_source()
     assert len(re.findall(r"wmma::mma_sync", source)) == 1
     plain = schedule_for(op_name, _kernel(op_name, "float16", TC_I, TC_H, attrs),

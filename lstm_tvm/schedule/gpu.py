@@ -422,18 +422,18 @@ def _tensor_core_gemm(sch: Schedule, block) -> bool:
     :attr:`~lstm_tvm.kernels.variant.KernelVariant.tensor_cores`), its extents multiples of a
     thread block's tile."""
     stmt = sch.get(block)
-    (m, n), (k,) = _axes(sch, block)
-    wy, wx = WMMA_WARPS
-    fy, fx = WMMA_FRAGMENTS
-    if not (divides(16 * wy * fy, sch.get(m).extent) and divides(16 * wx * fx, sch.get(n).extent)
-            and divides(16 * WMMA_K_FRAGMENTS, sch.get(k).extent)):
-        return False
     value = stmt.body.value
     product = value.b if isinstance(value, tirx.Add) else None
     if not isinstance(product, tirx.Mul) or str(stmt.writes[0].source.dtype) != "float32":
         return False
-    return all(isinstance(o, tirx.Cast) and hasattr(o.value, "source")
-               and str(o.value.source.dtype) == "float16" for o in (product.a, product.b))
+    if not all(isinstance(o, tirx.Cast) and hasattr(o.value, "source")
+               and str(o.value.source.dtype) == "float16" for o in (product.a, product.b)):
+        return False  # every GEMM of the other kernels ends here, before any proof
+    (m, n), (k,) = _axes(sch, block)
+    wy, wx = WMMA_WARPS
+    fy, fx = WMMA_FRAGMENTS
+    return (divides(16 * wy * fy, sch.get(m).extent) and divides(16 * wx * fx, sch.get(n).extent)
+            and divides(16 * WMMA_K_FRAGMENTS, sch.get(k).extent))
 
 
 def _schedule_gemm_wmma(sch: Schedule, block) -> None:

@@ -128,15 +128,20 @@ def cut_tile_rows() -> tuple[int, ...]:
     return tuple(r for r in dict.fromkeys(rows) if r and ROW_TILE % r)
 
 
+def tensor_cores(target) -> bool:
+    """Whether ``target``'s float16 kernels put their input projection on tensor cores: a CUDA
+    target, with :func:`lstm_tvm.env.cuda_tensor_cores`."""
+    return str(target.kind.name) == "cuda" and cuda_tensor_cores()
+
+
 def kernel_variant(target, prepacked: bool = False) -> KernelVariant:
     """The :class:`~lstm_tvm.kernels.variant.KernelVariant` of ``target``'s kernels (a
     ``tvm.target.Target``): the CPU form for an ``llvm`` target (GEMMs cut for its register
     tile's rows, :attr:`CpuTraits.gemm_tile_rows`; chunks sized for its
-    :attr:`CpuTraits.l2_bytes`), else the GPU form (a CUDA one with tensor cores where
-    :func:`lstm_tvm.env.cuda_tensor_cores` says so); ``prepacked`` as given."""
+    :attr:`CpuTraits.l2_bytes`), else the GPU form (with :func:`tensor_cores` as it says);
+    ``prepacked`` as given."""
     if str(target.kind.name) != "llvm":
-        return KernelVariant(cpu=False, prepacked=prepacked,
-                             tensor_cores=str(target.kind.name) == "cuda" and cuda_tensor_cores())
+        return KernelVariant(cpu=False, prepacked=prepacked, tensor_cores=tensor_cores(target))
     traits = cpu_traits(target)
     return KernelVariant(cpu=True, gemm_tile_rows=traits.gemm_tile_rows, prepacked=prepacked,
                          l2_bytes=traits.l2_bytes)
