@@ -64,6 +64,24 @@ def test_forward_matches_tf_block_lstm():
     assert h_n.shape == c_n.shape == (1, B, H)
 
 
+def test_the_zero_initial_state_stays_zero_for_later_calls():
+    """Without a state the eager route reads one zero tensor kept between calls: what a call
+    returns never shares its memory (writing to a T=0 call's final state, which is the
+    initial one, does not change the next call's)."""
+    module = _module()
+    x = _array((T, B, I), 1)
+    want = _tf_layer(x, np.zeros((B, H), np.float32), np.zeros((B, H), np.float32),
+                     module.tf_weights())
+    _, (h_0, c_0) = module(torch.zeros(0, B, I))
+    assert torch.equal(h_0, torch.zeros(1, B, H)) and torch.equal(c_0, torch.zeros(1, B, H))
+    h_0.add_(1.0)
+    c_0.add_(2.0)
+    y, (h_n, c_n) = module(torch.from_numpy(x))
+    for name, got, expected in (("output", y, want[0]), ("h_n", h_n[0], want[1]),
+                                ("c_n", c_n[0], want[2])):
+        _close(got, expected, name)
+
+
 def test_sequence_lengths_match_tf_forward_and_gradients():
     """Rows of lengths 4, 2 and 0 (``seq_len_max`` 4 < T): outputs, final states and the
     gradients of every input and weight, against TF's tape through the same computation."""

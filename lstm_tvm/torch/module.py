@@ -10,6 +10,7 @@ import torch
 
 from ..registry import OPS
 from ..validation import validate_attrs
+from ._constants import constant
 from ._eager import call, eager_ok
 from ._layer import layer_function
 from ._ops import INT_OVERLOAD
@@ -106,6 +107,8 @@ class LSTM(torch.nn.Module):
                     self.register_parameter(f"{name}_l{k}",
                                             torch.nn.Parameter(torch.empty(shape, **kw)))
             self._names.append({n: f"{n}_l{k}" for n, s in shapes.items() if s is not None})
+        self._args = [tuple(_arg_source(n, names) for n in OPS[op].input_names)
+                      for names in self._names]
         self.register_buffer("_zeros", torch.zeros(4 * H, **kw), persistent=False)
         self.reset_parameters()
 
@@ -128,13 +131,10 @@ class LSTM(torch.nn.Module):
         """The op's weight inputs of ``layer`` (``w, wci, wcf, wco, b``; zeros for the ones
         the module does not have)."""
         zeros = self._buffers["_zeros"]
-        return self._weights(layer, zeros, zeros[:self.hidden_size])
-
-    def _weights(self, layer: int, zeros, zeros_h) -> dict[str, torch.Tensor]:
-        """:meth:`layer_inputs` with the zeros given (``zeros_h``: the first H of them)."""
-        names, params = self._names[layer], self._parameters
-        return {n: params[names[n]] if n in names else zeros if n == "b" else zeros_h
-                for n in _WEIGHTS}
+        given = (None,) * 4 + (zeros, zeros[:self.hidden_size])
+        return {n: given[at] if name is None else self._parameters[name]
+                for n, (at, name) in zip(OPS[self.op].input_names, self._args[layer])
+                if n in _WEIGHTS}
 
     def forward(self, x: torch.Tensor, state=None, sequence_length=None):
         """Run the layers over ``x``; returns ``(output, (h_n, c_n))`` (see the class doc)."""
@@ -144,7 +144,12 @@ class LSTM(torch.nn.Module):
         unbatched = x.dim() == 2
         x = x.unsqueeze(1) if unbatched else x.transpose(0, 1) if self.batch_first else x
         T, B = x.shape[0], x.shape[1]
-        h0, c0 = self._initial_state(state, B, unbatched, x)
+        # A step's Python runs in caches the kernels just went through: the route and the
+        # zeros are decided once a call, not per layer (docs/performance.md)
+        zeros = self._buffers["_zeros"]
+        eager = eager_ok([x, zeros, *self._parameters.values(),
+                          *(state if isinstance(state, (tuple, list)) else ())])
+        h0, c0 = self._initial_state(state, B, unbatched, x, shared=eager)
         lengths = mask = None
         if sequence_length is None:
             steps, overload = T, INT_OVERLOAD
@@ -153,16 +158,14 @@ class LSTM(torch.nn.Module):
             steps, overload = lengths.max(), "default"
             mask = (torch.arange(T, device=lengths.device)[:, None] < lengths[None, :])
             mask = mask.unsqueeze(-1).to(x.dtype)
+        layer = layer_function(self.op, overload) if eager else None
+        params, zeros_h = self._parameters, zeros[:self.hidden_size]
         h_n, c_n = [], []
-        names = OPS[self.op].input_names
-        zeros = self._buffers["_zeros"]
-        zeros_h = zeros[:self.hidden_size]
         for k in range(self.num_layers):
-            inputs = {"seq_len_max": steps, "x": x, "cs_prev": c0[k], "h_prev": h0[k],
-                      **self._weights(k, zeros, zeros_h)}
-            args = tuple(inputs[n] for n in names)
-            if eager_ok([a for a in args if isinstance(a, torch.Tensor)]):
-                cs, h = layer_function(self.op, overload).apply(self.attrs, *args)
+            given = (steps, x, c0[k], h0[k], zeros, zeros_h)
+            args = tuple(given[at] if name is None else params[name] for at, name in self._args[k])
+            if layer is not None:
+                cs, h = layer.apply(self.attrs, *args)
             else:
                 out = call(self.op, overload, args, self.attrs)
                 cs, h = out[1], out[6]
@@ -182,11 +185,13 @@ class LSTM(torch.nn.Module):
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return output, (h_n, c_n)
 
-    def _initial_state(self, state, B, unbatched: bool, x: torch.Tensor):
-        """``(h_0, c_0)``, each `(num_layers, B, H)`."""
+    def _initial_state(self, state, B, unbatched: bool, x: torch.Tensor, shared: bool):
+        """``(h_0, c_0)``, each `(num_layers, B, H)`; for ``state=None`` zeros, with
+        ``shared`` (the eager CPU route) a read-only tensor kept for the next call (the
+        kernels only read it, and ``forward`` returns copies)."""
         shape = (self.num_layers, B, self.hidden_size)
         if state is None:
-            zeros = x.new_zeros(shape)
+            zeros = constant(shape, x.dtype, 0.0) if shared else x.new_zeros(shape)
             return zeros, zeros
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise TypeError(f"LSTM: state expected a pair (h_0, c_0), got "
@@ -270,6 +275,19 @@ def _op_attrs(op_name: str, use_peephole, forget_bias, cell_clip) -> dict:
         raise ValueError(f"LSTM: {op_name} has no forget_bias (its forget bias is 0); got "
                          f"forget_bias={forget_bias!r}")
     return validate_attrs(op, attrs)
+
+
+#: Where :meth:`LSTM.forward` finds each of the op's inputs other than the parameters: at
+#: this index of the values it gives a layer (steps, x, c_0, h_0, the zeros standing for the
+#: bias and for a peephole the layer lacks).
+_GIVEN = {"seq_len_max": 0, "x": 1, "cs_prev": 2, "h_prev": 3, "b": 4, "wci": 5, "wcf": 5,
+          "wco": 5}
+
+
+def _arg_source(name: str, params: dict) -> tuple:
+    """``(index, None)`` of op input ``name`` in :data:`_GIVEN`, or ``(None, parameter
+    name)`` where the layer has it as a parameter."""
+    return (None, params[name]) if name in params else (_GIVEN[name], None)
 
 
 def _lengths(sequence_length, B) -> torch.Tensor:
