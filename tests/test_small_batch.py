@@ -80,25 +80,39 @@ def test_one_row_tiles_hold_four_vectors_each_vector_loop_in_one_panel(mcpu, pan
 
 @pytest.mark.parametrize("rows", range(1, GATE_ROWS_BELOW))
 @pytest.mark.parametrize("mcpu, accumulators", [("skylake-avx512", 256), ("haswell", 64)])
-@pytest.mark.parametrize("op_name, product, members", [
-    ("BlockLSTMV2", "gates", ("gate_act", "cell", "state_update")),
-    ("BlockLSTMGradV2", "dh", ("cell_grad", "dcs_update"))])
-def test_gate_row_tiles_hold_every_gate_of_each_row(op_name, product, members, mcpu,
+@pytest.mark.parametrize("op_name, product, copy, members", [
+    ("BlockLSTMV2", "gates", "h_rows", ("gate_act", "cell", "state_update")),
+    ("BlockLSTMGradV2", "dh", "dh_rows", ("cell_grad", "dcs_update"))])
+def test_gate_row_tiles_hold_every_gate_of_each_row(op_name, product, copy, members, mcpu,
                                                      accumulators, rows):
     """A sequence step's product at batch 1 and 2 (a version per batch, as many rows) holds,
     per row, the four gate blocks of a run of units in registers, at most half the vector
     registers' floats (AVX-512: 256, AVX2: 64), as wide as that allows up to the chunk of 32
-    units, and runs in one parallel loop with the gate math of those units
-    (schedule/cpu/gate_rows.py)."""
+    units, and runs in one parallel loop with the gate math of those units, after the chunk's
+    copy of the rows it reads (schedule/cpu/gate_rows.py)."""
     columns = min(32, accumulators // (4 * rows))
     loops = _tile_loops(op_name, mcpu, f"{product}_few{rows}_update", inner=4)
     assert f"T.vectorized({columns})" in loops[-1], loops
     assert "T.unroll(4)" in loops[-2] and f"T.unroll({rows})" in loops[-3], loops
     sch = _schedule(op_name, 64)
-    (loop,) = {sch.get(sch.get_loops(sch.get_sblock(name))[0])
-               for name in (f"{product}_few{rows}_update",
-                            *(f"{m}_few{rows}" for m in members))}
+    blocks = (f"{copy}_few{rows}", f"{product}_few{rows}_update",
+              *(f"{m}_few{rows}" for m in members))
+    (loop,) = {sch.get(sch.get_loops(sch.get_sblock(name))[0]) for name in blocks}
     assert loop.kind == tirx.ForKind.PARALLEL
+    text = sch.mod["main"].script()
+    assert text.index(f'T.sblock("{blocks[0]}")') < text.index(f'T.sblock("{blocks[1]}")')
+
+
+@pytest.mark.parametrize("op_name, product, copy", [("BlockLSTM", "gates", "h_rows"),
+                                                    ("BlockLSTMGrad", "dh", "dh_rows")])
+def test_gate_row_products_read_weights_beyond_the_l2_in_place(op_name, product, copy):
+    """Where a step's weights outgrow a core's L2 (H=1024: 16 MiB) the product reads the rows
+    other threads wrote in place: no per-chunk copies (kb.row_copy_scratch)."""
+    text = build.primfunc(build.make_spec(
+        op_name, "float32", 8, 1024,
+        validate_attrs(registry.get_op(op_name), {"use_peephole": False}), "llvm")).script()
+    assert f'T.sblock("{copy}_few1")' not in text
+    assert f'T.sblock("{product}_few1_update")' in text
 
 
 @pytest.mark.parametrize("mcpu, vector_loops", [("skylake-avx512", 8), ("haswell", 2)])

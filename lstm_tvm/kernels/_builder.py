@@ -18,9 +18,10 @@ import numpy as np
 from .._tvm import IRBuilder, TB as T, tirx
 from ..registry import OpSpec
 from ._gates import ACC
-from .contract import (FUSE_GROUP, GATE_ROW, LOOP_BODY, ONE_THREAD, ONE_THREAD_BELOW, PANEL,
-                       ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW, STEP_BLOCK, TIME_STEP,
-                       TRANSPOSE_LANES, TRANSPOSE_TILE, GemmBlock)
+from .contract import (FUSE_GROUP, GATE_ROW, GATE_ROW_COPY, GATES, LOOP_BODY, ONE_THREAD,
+                       ONE_THREAD_BELOW, PANEL, ROW_TILE, SHORT_ROWS, SINGLE_ROWS_BELOW,
+                       STEP_BLOCK, TIME_STEP, TRANSPOSE_LANES, TRANSPOSE_TILE, GemmBlock,
+                       unit_chunk)
 from .tir_analysis import divides, gemm_operand, is_static
 from .variant import KernelVariant
 
@@ -418,6 +419,39 @@ class KernelBuilder:
         self.reduction(name, out, (M, N), (K,), lambda m, j: (m, j),
                        lambda s, r: term(s[0], s[1], r[0]), init=init,
                        annotations={GATE_ROW: self._versioned(group)})
+
+    def row_copy_scratch(self, name: str, M: int, K: int, units: int):
+        """The scratch of :meth:`row_copies` for up to ``M`` rows of ``K`` (allocate it
+        outside the time loop): a copy per chunk of ``units`` units. None (the product then
+        reads its rows in place) on a GPU, where ``units`` has no :func:`unit_chunk`, and
+        where the product's weights (``GATES * units`` columns of ``units`` rows) outgrow one
+        core's L2 (:attr:`KernelVariant.l2_bytes`): they then stream from further out, and
+        the copies only add traffic (docs/performance.md)."""
+        chunk = unit_chunk(units)
+        if (chunk is None or not self.cpu
+                or GATES * units * units * 4 > self.variant.l2_bytes):
+            return None
+        return self.temp(name, (units // chunk, M, K))
+
+    def row_copies(self, name: str, scratch, source: Callable, M: int, units: int,
+                   group: str) -> Callable:
+        """The accessor ``(m, k, j) -> load`` of ``source(m, k)`` (``m < M``) for column ``j``
+        of a :meth:`gate_rows` product over ``units`` units, read through ``scratch``
+        (:meth:`row_copy_scratch`), a copy per chunk of units (block ``name``, marked
+        :data:`GATE_ROW_COPY` for ``group``; emit it before the product): a schedule makes
+        chunk ``u``'s copy in the iteration of the group's loop that computes the chunk, so
+        the thread reads what other threads wrote in one burst of loads rather than line by
+        line in the product's reduction. ``scratch`` None: ``source`` itself."""
+        if scratch is None:
+            return lambda m, k, j: source(m, k)
+        chunks, K = scratch.shape[0], scratch.shape[2]
+        chunk = units // int(chunks)
+        with T.grid(chunks, M, K) as (u, m, k):
+            with T.sblock(self._versioned(name)):
+                vu, vm, vk = T.axis.remap("SSS", [u, m, k])
+                self._annotate({GATE_ROW_COPY: self._versioned(group)})
+                T.buffer_store(scratch, source(vm, vk), [vu, vm, vk])
+        return lambda m, k, j: scratch[j % units // chunk, m, k]
 
     def few_rows(self, rows, below: int, few: Callable[[int], None],
                  more: Callable[[], None]) -> None:

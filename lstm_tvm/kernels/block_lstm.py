@@ -9,7 +9,8 @@ loop (block ``step``) then runs, per step, the recurrent product ``h @ w[I:]`` (
 next float32 state; block ``state_update`` moves the new cell state in place). Batches below
 :data:`GATE_ROWS_BELOW` run the product and the gate math a chunk of units at a time, in a
 version per batch (blocks ``<name>_few<B>``, see ``kb.gate_rows`` and ``kb.few_rows``: the
-product over exactly ``B`` rows); a prepacked kernel's product then reads ``w_units`` (see
+product over exactly ``B`` rows, reading ``h`` through a copy per chunk of units, block
+``h_rows``, see ``kb.row_copies``); a prepacked kernel's product then reads ``w_units`` (see
 :func:`weight_packs`). The state stays in float32 between steps, unrounded even for
 float16 outputs (TF feeds back rounded values; lstm_tvm is more accurate); ``h`` in two slots
 on CPUs, one read and one written each step. Steps ``t >= seq_len_max`` are zero in every
@@ -182,6 +183,7 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
     kb.by_work(padded(B) * H, state_blocks)
     gates_views = kb.step_views(gates, B)
     gate_row_views = {m: flat(gates, m, name=f"gates_few{m}") for m in range(1, GATE_ROWS_BELOW)}
+    h_rows = kb.row_copy_scratch("h_rows", GATE_ROWS_BELOW - 1, H, H)
     with kb.time_loop(L, Tn) as vt:
         now, nxt = ((vt % 2) * padded(B), (vt + 1) % 2 * padded(B)) if kb.cpu else (0, 0)
         if kb.cpu:
@@ -216,9 +218,11 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
             return w_h(k, j) if units is None else units(k, _units_column(j, H))
 
         def gate_rows(m):
-            step(lambda: kb.gate_rows("gates", gate_row_views[m], m, G, H,
-                                      lambda n, j, k: h(n, k) * w_units(k, j), init,
-                                      group="cell"))
+            def product():
+                rows = kb.row_copies("h_rows", h_rows, h, m, H, group="cell")
+                kb.gate_rows("gates", gate_row_views[m], m, G, H,
+                             lambda n, j, k: rows(n, k, j) * w_units(k, j), init, group="cell")
+            step(product)
 
         def more_rows():
             step(lambda: kb.step_gemm("gates", gates, gates_views, B, G, H, h, w_h, init=init,

@@ -9,7 +9,8 @@ Batches below :data:`GATE_ROWS_BELOW` run each step in a version per batch (``kb
 as one parallel loop over chunks of units: iteration ``u`` computes ``dh`` of units ``u`` from
 the rows of ``dicfo`` the step before wrote (block ``dh_few<B>``, ``kb.gate_rows``: the
 reduction over each gate block into a column block of its own, ``dh`` their sum; the zero rows
-past the last at the first step), then the cell gradient of those units; ``h_prev_grad``
+past the last at the first step; read through a copy per chunk, block ``dh_rows_few<B>``, see
+``kb.row_copies``), then the cell gradient of those units; ``h_prev_grad``
 takes one more such product after the loop (block ``dh_first_few<B>``). After the loop,
 ``x_grad`` and ``w_grad`` are GEMMs over all steps (``x_grad_gemm`` plus ``x_grad_tail``
 for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk for float16, the
@@ -102,18 +103,22 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         # Below GATE_ROWS_BELOW rows, the product's four gate blocks each reduce over H into
         # a column block of their own, summed where the cell gradient reads them (see
         # ``kb.gate_rows``; through a view of its own for each product, its only writer).
-        parts = {}
+        parts, dicfo_rows = {}, None
         if kb.cpu:
             dh_parts = kb.temp("dh_parts", (GATE_ROWS_BELOW - 1, G))
             parts = {(name, m): flat(dh_parts, m, name=f"{name}_parts{m}")
                      for name in ("dh", "dh_first") for m in range(1, GATE_ROWS_BELOW)}
+            dicfo_rows = kb.row_copy_scratch("dicfo_rows", GATE_ROWS_BELOW - 1, G, H)
 
         def parts_of_row(name, m, group, row):
-            """Block ``name``: its ``dh`` parts of ``m`` rows of ``dicfo`` from ``row`` on;
-            returns their sum's accessor ``(n, k) -> value``."""
+            """Block ``name``: its ``dh`` parts of ``m`` rows of ``dicfo`` from ``row`` on
+            (read through copies, block ``<name>_rows``); returns their sum's accessor
+            ``(n, k) -> value``."""
             out = parts[name, m]
-            kb.gate_rows(name, out, m, G, H, lambda n, j, k: dicfo[
-                row + n, j // H * H + k] * w_th(j // H * H + k, j % H), None, group=group)
+            rows = kb.row_copies(f"{name}_rows", dicfo_rows, lambda n, c: dicfo[row + n, c], m,
+                                 H, group=group)
+            kb.gate_rows(name, out, m, G, H, lambda n, j, k: rows(
+                n, j // H * H + k, j) * w_th(j // H * H + k, j % H), None, group=group)
             return lambda n, k: sum((out[n, g * H + k] for g in range(1, GATES)), out[n, k])
 
         def cell_grad(vt, dh_at):

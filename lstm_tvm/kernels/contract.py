@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["FUSE_GROUP", "GATES", "GATE_ROW", "GATE_ROWS_BELOW", "GemmBlock", "K_SLAB",
-           "LOOP_BODY", "ONE_THREAD", "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS",
-           "SINGLE_ROWS_BELOW", "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_LANES", "TRANSPOSE_TILE"]
+__all__ = ["COLUMN_CHOICES", "FUSE_GROUP", "GATES", "GATE_ROW", "GATE_ROW_COPY",
+           "GATE_ROWS_BELOW", "GemmBlock", "K_SLAB", "LOOP_BODY", "ONE_THREAD",
+           "ONE_THREAD_BELOW", "PANEL", "ROW_TILE", "SHORT_ROWS", "SINGLE_ROWS_BELOW",
+           "STEP_BLOCK", "TIME_STEP", "TRANSPOSE_LANES", "TRANSPOSE_TILE", "unit_chunk"]
 
 #: Output rows a GEMM block computes together. GEMM blocks run over their row count rounded
 #: up to a multiple of ROW_TILE (``padded``), so a schedule can tile rows without bounds
@@ -35,6 +36,14 @@ FUSE_GROUP = "lstm_tvm.fuse_group"
 #: columns in the iteration of the group's loop that reads them, so a step needs one barrier,
 #: not two.
 GATE_ROW = "lstm_tvm.gate_row"
+#: Block annotation of a copy of the rows a ``GATE_ROW`` product reads, one copy per chunk of
+#: units (:func:`unit_chunk`), made in that chunk's iteration of the group's loop (its value
+#: the group's name): each thread then reads the state that other threads wrote in one burst
+#: of loads rather than line by line in the product's reduction (``KernelBuilder.row_copies``).
+GATE_ROW_COPY = "lstm_tvm.gate_row_copy"
+#: Inner (vectorised) column chunks tried, in elements: the first that divides the extent
+#: wins.
+COLUMN_CHOICES = (32, 64, 16)
 #: Gates per unit: a step's product has ``GATES`` blocks of ``H`` columns.
 GATES = 4
 #: Batches below this run a sequence step's product with the gate math that reads it, a chunk
@@ -91,3 +100,9 @@ class GemmBlock:
     b_layout: str
     b_dtype: str
     per_step: bool = False
+
+
+def unit_chunk(units: int) -> int | None:
+    """The units of a ``GATE_ROW`` product's chunk (each iteration of its group's loop): the
+    first of :data:`COLUMN_CHOICES` dividing ``units``; None where none does."""
+    return next((c for c in COLUMN_CHOICES if units % c == 0), None)

@@ -16,6 +16,11 @@ another still reads).
 reduction in registers) and the gate math's blocks (unit chunk outermost);
 :func:`merge_gate_rows` joins their loops. Where they cannot be joined, each runs in a
 parallel loop of its own: correct, with a barrier more.
+
+The rows the product reads (the state the previous step's threads wrote) come through a copy
+per chunk (a ``GATE_ROW_COPY`` block, ``KernelBuilder.row_copies``) made first in the chunk's
+iteration: the thread loads the lines other cores wrote in one burst instead of one miss at a
+time as the reduction reaches them (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 import logging
 
 from ..._tvm import Schedule
-from ...kernels.contract import GATE_ROW, GATES
+from ...kernels.contract import GATE_ROW, GATE_ROW_COPY, GATES
 from ...kernels.tir_analysis import divides, is_static
 from ..blocks import fusion_group, leaf_blocks
 from ..traits import CpuTraits
@@ -46,6 +51,10 @@ def rule(sch: Schedule, block, traits: CpuTraits, tiled: set | None = None) -> b
     function, where the caller has it (else found here, a scan of every block)."""
     if GATE_ROW in sch.get(block).annotations:
         return _product(sch, block, traits)
+    if GATE_ROW_COPY in sch.get(block).annotations:
+        tiled = tiled_groups(sch, traits) if tiled is None else tiled
+        return _row_copy(sch, block, traits, str(sch.get(block).annotations[GATE_ROW_COPY])
+                         in tiled)
     group = fusion_group(sch, block)
     if group is None or group not in (tiled_groups(sch, traits) if tiled is None else tiled):
         return None
@@ -105,6 +114,26 @@ def _product(sch: Schedule, block, traits: CpuTraits) -> bool | None:
     return True
 
 
+#: Vector registers a ``GATE_ROW_COPY`` block moves an iteration: loads in flight together.
+_COPY_VECTORS = 4
+
+
+def _row_copy(sch: Schedule, block, traits: CpuTraits, tiled: bool) -> bool:
+    """A ``GATE_ROW_COPY`` block (loops: unit chunk, row, element): the elements in runs of
+    :data:`_COPY_VECTORS` vectors, the chunk loop left to :func:`merge_gate_rows`; where its
+    product is not ``tiled`` (so the chunks are not its loop's), inlined into the product,
+    which then reads the rows in place."""
+    if not tiled:
+        sch.compute_inline(block)
+        return True
+    k = sch.get_loops(block)[-1]
+    width = traits.lanes() * _COPY_VECTORS
+    if divides(width, sch.get(k).extent):
+        k = sch.split(k, [None, width])[1]
+    sch.vectorize(k)
+    return True
+
+
 def tiled_groups(sch: Schedule, traits: CpuTraits) -> set:
     """The fusion groups named by ``GATE_ROW`` blocks that :func:`rule` tiles. It reads the
     blocks' iterators, not their loops, so scheduling other blocks does not change it: one
@@ -124,9 +153,13 @@ def merge_gate_rows(sch: Schedule, op_name: str, failures: list | None = None) -
         if sch.get(block).init is None:
             continue  # decomposed: scheduled by another rule
         group = str(sch.get(block).annotations[GATE_ROW])
-        members = [sch.get(b).name_hint for b in leaf_blocks(sch)
-                   if fusion_group(sch, b) == group]
-        outer = [lambda s: s.get_loops(s.get_sblock(name))[0]]
+        leaves = leaf_blocks(sch)
+        copies = [sch.get(b).name_hint for b in leaves
+                  if str(sch.get(b).annotations.get(GATE_ROW_COPY, "")) == group]
+        members = [sch.get(b).name_hint for b in leaves if fusion_group(sch, b) == group]
+        # the copies first: the merged loop runs the bodies in this order
+        outer = [lambda s, b=b: s.get_loops(s.get_sblock(b))[0] for b in copies]
+        outer += [lambda s: s.get_loops(s.get_sblock(name))[0]]
         outer += [lambda s, b=b: s.get_loops(s.get_sblock(b))[_MEMBER_CHUNK] for b in members]
         trial = sch.copy()
         try:

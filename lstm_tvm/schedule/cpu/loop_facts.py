@@ -6,10 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 from ..._tvm import Schedule, tirx
+from ...kernels.contract import COLUMN_CHOICES
 from ...kernels.tir_analysis import divides
 
-#: Inner (vectorised) column chunks tried, in elements, first that divides the extent wins.
-COLUMN_CHOICES = (32, 64, 16)
 
 
 @dataclasses.dataclass(frozen=True)
