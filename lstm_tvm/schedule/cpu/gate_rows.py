@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 
 from ..._tvm import Schedule
-from ...kernels.contract import GATE_ROW, GATE_ROW_COPY, GATES
+from ...kernels.contract import GATE_ROW, GATE_ROW_COPY, GATES, unit_chunk
 from ...kernels.tir_analysis import divides, is_static
 from ..blocks import fusion_group, leaf_blocks
 from ..traits import CpuTraits
@@ -82,7 +82,7 @@ def _tile(sch: Schedule, block, traits: CpuTraits) -> tuple | None:
     if not (is_static(m_extent) and is_static(n_extent)) or int(n_extent) % GATES:
         return None
     rows, units = int(m_extent), int(n_extent) // GATES
-    chunk = column_chunk(units)
+    chunk = unit_chunk(units)  # the kernel's row copies are made per such chunk
     if chunk is None:
         return None
     # Every row's four gates of ``cols`` columns in registers, at most half the vector
