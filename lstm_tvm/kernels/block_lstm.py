@@ -194,10 +194,8 @@ def _forward(kb, op: OpSpec, dtype: str, input_size: int, cell_size: int, attrs:
             init = None
 
             def pre(n, k, g):
-                if tc:
-                    return (gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
-                            + f32(buf["b"][off[g] + k]))
-                return gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
+                value = gates[n, off[g] + k] + xw[vt * B + n, off[g] + k]
+                return value + f32(buf["b"][off[g] + k]) if tc else value
 
         def h(n, k):
             return h_state[now + n, k]

@@ -181,13 +181,14 @@ def schedule_gpu(op_name: str, func, target, failures: list | None = None):
         if name in followers:  # bound with the first block of its fusion run
             continue
         try:
-            if rule is _schedule_gemm and _tensor_core_gemm(sch, sch.get_sblock(name)):
-                func = restore_views(isolated(func, name, _schedule_gemm_wmma), views)
-                continue
             if rule is _schedule_gemm:
-                in_step = in_time_step(sch, sch.get_sblock(name))
+                block = sch.get_sblock(name)
+                if _tensor_core_gemm(sch, block):
+                    func = restore_views(isolated(func, name, _schedule_gemm_wmma), views)
+                    continue
+                in_step = in_time_step(sch, block)
                 gemm = _schedule_step_gemm if in_step and _sums_from_zero(
-                    sch.get(sch.get_sblock(name))) else _schedule_gemm
+                    sch.get(block)) else _schedule_gemm
                 func = restore_views(isolated(func, name, lambda s, b: gemm(
                     s, b, max_threads, views=views, in_step=in_step)), views)
             else:
