@@ -21,7 +21,7 @@ tf = pytest.importorskip("tensorflow", reason="TensorFlow is the oracle")
 import lstm_tvm.torch as lt  # noqa: E402
 import lstm_tvm.api  # noqa: E402
 from lstm_tvm import raw_ops, reference, registry, testing  # noqa: E402
-from lstm_tvm.torch import _openmp  # noqa: E402
+from lstm_tvm.torch import _cpu, _openmp  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6  # noqa: E741 - the registry's size symbols
 FLOATS = ("x", "cs_prev", "h_prev", "w", "wci", "wcf", "wco", "b")
@@ -479,26 +479,56 @@ def _threads() -> set:
     return set(os.listdir("/proc/self/task"))
 
 
+def _state(tid: str) -> str:
+    """The scheduler state of thread ``tid`` of this process (``R`` running, ``S`` asleep,
+    ``gone`` ended)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+
 @pytest.mark.skipif(not _openmp.enabled(), reason="PyTorch's OpenMP here is not libgomp on "
                                                    "Linux (its workers are left alone)")
-def test_pytorch_openmp_workers_are_released_before_a_kernel():
-    """The OpenMP workers a parallel PyTorch op started are gone once an op of lstm_tvm.torch
-    ran (they would spin on the cores its kernel runs on), and the op's results are
-    ``raw_ops``'s."""
+def test_pytorch_openmp_workers_sleep_while_a_kernel_runs(monkeypatch):
+    """The OpenMP workers a parallel PyTorch op started (spinning on their cores for a while
+    after it) are asleep while an op of lstm_tvm.torch runs its kernel, and still there for
+    PyTorch's next parallel op (not stopped and restarted); the op's results are
+    ``raw_ops``'s. In a thread of its own: the workers it starts are the thread's OpenMP
+    team."""
     inputs = _inputs("BlockLSTM")
     tensors = _tensors(inputs)
     lt.BlockLSTM(**tensors, **_attrs("BlockLSTM"))  # TVM's pool and the plan start here
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
+    seen, started, restarted = [], set(), set()
+
+    def launch(*args):
+        seen.append({tid: _state(tid) for tid in started})
+        return real_launch(*args)
+
+    def scenario():
+        torch.set_num_threads(2)
         before = _threads()
         torch.ones(1 << 22).sum()  # large enough to run on 2 OpenMP threads
-        started = _threads() - before
-        assert started, "the parallel op started no OpenMP worker"
+        started.update(_threads() - before)
         got = lt.BlockLSTM(**tensors, **_attrs("BlockLSTM"))
-        assert not started & _threads(), "PyTorch's OpenMP workers still run"
+        now = _threads()
+        restarted.update(started - now)
+        torch.ones(1 << 22).sum()
+        restarted.update(_threads() - now)
+        return got
+
+    real_launch = _cpu.launch
+    monkeypatch.setattr(_cpu, "launch", launch)
+    threads = torch.get_num_threads()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            got = pool.submit(scenario).result()
     finally:
         torch.set_num_threads(threads)
+    assert started, "the parallel op started no OpenMP worker"
+    assert seen == [dict.fromkeys(started, "S")], "OpenMP workers ran beside the kernel"
+    assert not restarted, "the kernel stopped PyTorch's OpenMP workers (the next op started them)"
     want = raw_ops.BlockLSTM(**inputs, **_attrs("BlockLSTM"))
     for name, value in want._asdict().items():
         np.testing.assert_array_equal(getattr(got, name).numpy(), value, err_msg=name)

@@ -11,8 +11,7 @@ contiguous by PyTorch first, except one value broadcast (the gradient of a ``sum
 ``mean``), which reaches the kernel as a shared tensor of that value
 (:mod:`lstm_tvm.torch._constants`): no copy a step.
 
-PyTorch's idle OpenMP workers are released just before a kernel starts, after every PyTorch op
-of the call (:mod:`lstm_tvm.torch._openmp`).
+PyTorch's idle OpenMP workers sleep while a kernel runs (:mod:`lstm_tvm.torch._openmp`).
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from .._launch import launch
 from ..registry import OpSpec, get_op
 from ..validation import check_seq_len_max
 from ._constants import constant, single_value
-from ._openmp import release_idle_workers
+from ._openmp import call_with_workers_asleep
 
 __all__ = ["CpuKernel", "dtype_text", "kernel"]
 
@@ -67,10 +66,10 @@ class CpuKernel:
             (check_seq_len_max(self.op, host_value(self.op, "seq_len_max", args[self._seq]),
                                plan.T),)
         tensors = [contiguous(args[i]) for i in self._floats]  # TVM's FFI takes tensors
-        release_idle_workers()
         outputs = plan.layout.borrow(plan)
         try:
-            launch(plan.compiled.func, *seq, *tensors, *outputs.tensors)
+            call_with_workers_asleep(launch, plan.compiled.func, *seq, *tensors,
+                                     *outputs.tensors)
             return list(outputs.arrays)  # held before the buffer is given back
         except ValueError as err:  # the kernel's own argument checks
             raise kernel_error(self.op.name, err, plan.compiled._roles) from err
@@ -87,8 +86,7 @@ class CpuKernel:
             if len(self._plans) >= _PLANS_KEPT:
                 self._plans.clear()
             self._plans[key] = plan
-        release_idle_workers()
-        return list(raw_ops._execute(op, plan, tensors, seq_len_max))
+        return list(call_with_workers_asleep(raw_ops._execute, op, plan, tensors, seq_len_max))
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,4 +1,4 @@
-"""PyTorch's idle OpenMP workers released before a CPU kernel of lstm_tvm runs.
+"""PyTorch's idle OpenMP workers kept asleep while a CPU kernel of lstm_tvm runs.
 
 PyTorch's CPU ops run on GNU OpenMP (``libgomp``, bundled with PyTorch's Linux wheels), whose
 workers keep spinning on their core for a while after each parallel op (``OMP_WAIT_POLICY``
@@ -8,12 +8,14 @@ those cores makes every step wait for a time slice, and a training step that fol
 parallel op (the loss, ``zeros_like``, an optimizer step) ran far slower than the bare kernels
 (docs/performance.md, "PyTorch's OpenMP workers").
 
-So before each CPU kernel :func:`release_idle_workers` ends the OpenMP pool of the calling
-thread (``omp_pause_resource_all``, OpenMP 5.0: libgomp joins that thread's idle workers;
-it refuses inside a parallel region and leaves other threads' pools alone). PyTorch's next
-parallel op starts its workers again. Without a pool (no parallel op since the last release)
-the call does nothing. ``LSTM_TVM_RELEASE_OPENMP=0`` turns this off; it is also off where
-PyTorch's OpenMP is not libgomp (the others' pause semantics differ).
+So :func:`call_with_workers_asleep` runs a kernel inside an OpenMP parallel region of the
+calling thread whose workers each wait on a semaphore (asleep in the kernel, off the cores)
+until the kernel has returned: the region starts with libgomp's ``GOMP_parallel_start``, which
+hands the team its function and returns to the caller, and ends with ``GOMP_parallel_end``
+once every worker has been let go. The team is the one PyTorch's next parallel op reuses: no
+thread is stopped or started (ending the pool instead, ``omp_pause_resource_all``, made that
+op start its workers again; see docs/performance.md). ``LSTM_TVM_RELEASE_OPENMP=0`` turns
+this off; it is also off where PyTorch's OpenMP is not libgomp.
 """
 
 from __future__ import annotations
@@ -22,27 +24,58 @@ import ctypes
 import functools
 import os
 import sys
+import threading
 
-__all__ = ["enabled", "release_idle_workers"]
+__all__ = ["enabled", "call_with_workers_asleep"]
 
-#: ``omp_pause_soft`` of ``omp_pause_resource_t``.
-_OMP_PAUSE_SOFT = 1
+_local = threading.local()
 
 
 def enabled() -> bool:
-    """Whether :func:`release_idle_workers` releases anything here (see the module doc)."""
-    return _pause_function() is not None
+    """Whether :func:`call_with_workers_asleep` puts workers to sleep here (see the module
+    doc)."""
+    return _libraries() is not None
 
 
-def release_idle_workers() -> None:
-    """End the calling thread's OpenMP pool if it has one (see the module doc)."""
-    pause = _pause_function()
-    if pause is not None:
-        pause(_OMP_PAUSE_SOFT)
+def call_with_workers_asleep(function, *args):
+    """``function(*args)`` with the calling thread's OpenMP workers asleep (the module doc);
+    returns what it returns."""
+    libs = _libraries()
+    if libs is None:
+        return function(*args)
+    start, end, team_size, post, try_wait, wait = libs
+    sem = _semaphore()
+    start(wait, sem, 0)  # every worker runs sem_wait(sem); this thread returns at once
+    try:
+        return function(*args)
+    finally:
+        for _ in range(team_size() - 1):
+            post(sem)
+        end()
+        while try_wait(sem) == 0:  # a wait a signal cut short left a post unused
+            pass
+
+
+def _semaphore():
+    """The calling thread's semaphore (each thread's region has its own workers)."""
+    sem = getattr(_local, "sem", None)
+    if sem is None:
+        sem = ctypes.create_string_buffer(64)  # sem_t: 32 bytes on 64-bit glibc
+        if _libc().sem_init(sem, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "sem_init failed")
+        _local.sem = sem
+    return sem
 
 
 @functools.cache
-def _pause_function():
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
+def _libraries():
+    """``(GOMP_parallel_start, GOMP_parallel_end, omp_get_num_threads, sem_post, sem_trywait,
+    the address of sem_wait)``, or None where this is off (the module doc)."""
     if os.environ.get("LSTM_TVM_RELEASE_OPENMP", "1") == "0" or not sys.platform.startswith(
             "linux"):
         return None
@@ -50,11 +83,19 @@ def _pause_function():
     if path is None:
         return None
     try:
-        function = ctypes.CDLL(path).omp_pause_resource_all
-    except (OSError, AttributeError):  # a libgomp older than OpenMP 5.0
+        gomp, libc = ctypes.CDLL(path), _libc()
+        start, end = gomp.GOMP_parallel_start, gomp.GOMP_parallel_end
+        team_size = gomp.omp_get_num_threads
+        post, try_wait = libc.sem_post, libc.sem_trywait
+        wait = ctypes.cast(libc.sem_wait, ctypes.c_void_p)
+    except (OSError, AttributeError):
         return None
-    function.argtypes, function.restype = [ctypes.c_int], ctypes.c_int
-    return function
+    start.argtypes, start.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint], None
+    end.argtypes, end.restype = [], None
+    team_size.argtypes, team_size.restype = [], ctypes.c_int
+    for f in (post, try_wait):
+        f.argtypes, f.restype = [ctypes.c_char_p], ctypes.c_int
+    return start, end, team_size, post, try_wait, wait
 
 
 def _loaded_libgomp() -> str | None:
