@@ -43,28 +43,33 @@ def call_with_workers_asleep(function, *args):
     libs = _libraries()
     if libs is None:
         return function(*args)
-    start, end, team_size, post, try_wait, wait = libs
-    sem = _semaphore()
+    start, end, team_size, post, try_wait, get_value, give_way, wait = libs
+    sem, value = _semaphore()
     start(wait, sem, 0)  # every worker runs sem_wait(sem); this thread returns at once
     try:
         return function(*args)
     finally:
         for _ in range(team_size() - 1):
             post(sem)
+        # libgomp's end of region spins until the workers arrive: let one that woke on this
+        # core run first (docs/performance.md, "a region after an idle spell")
+        while get_value(sem, value) == 0 and value.value > 0:
+            give_way()
         end()
         while try_wait(sem) == 0:  # a wait a signal cut short left a post unused
             pass
 
 
 def _semaphore():
-    """The calling thread's semaphore (each thread's region has its own workers)."""
-    sem = getattr(_local, "sem", None)
-    if sem is None:
+    """The calling thread's semaphore (each thread's region has its own workers) and a place
+    for its value."""
+    pair = getattr(_local, "pair", None)
+    if pair is None:
         sem = ctypes.create_string_buffer(64)  # sem_t: 32 bytes on 64-bit glibc
         if _libc().sem_init(sem, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "sem_init failed")
-        _local.sem = sem
-    return sem
+        pair = _local.pair = (sem, ctypes.c_int())
+    return pair
 
 
 @functools.cache
@@ -75,7 +80,8 @@ def _libc():
 @functools.cache
 def _libraries():
     """``(GOMP_parallel_start, GOMP_parallel_end, omp_get_num_threads, sem_post, sem_trywait,
-    the address of sem_wait)``, or None where this is off (the module doc)."""
+    sem_getvalue, sched_yield, the address of sem_wait)``, or None where this is off (the
+    module doc)."""
     if os.environ.get("LSTM_TVM_RELEASE_OPENMP", "1") == "0" or not sys.platform.startswith(
             "linux"):
         return None
@@ -86,8 +92,8 @@ def _libraries():
         gomp, libc = ctypes.CDLL(path), _libc()
         start, end = gomp.GOMP_parallel_start, gomp.GOMP_parallel_end
         team_size = gomp.omp_get_num_threads
-        post, try_wait = libc.sem_post, libc.sem_trywait
-        wait = ctypes.cast(libc.sem_wait, ctypes.c_void_p)
+        post, try_wait, get_value = libc.sem_post, libc.sem_trywait, libc.sem_getvalue
+        give_way, wait = libc.sched_yield, ctypes.cast(libc.sem_wait, ctypes.c_void_p)
     except (OSError, AttributeError):
         return None
     start.argtypes, start.restype = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint], None
@@ -95,7 +101,10 @@ def _libraries():
     team_size.argtypes, team_size.restype = [], ctypes.c_int
     for f in (post, try_wait):
         f.argtypes, f.restype = [ctypes.c_char_p], ctypes.c_int
-    return start, end, team_size, post, try_wait, wait
+    get_value.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
+    get_value.restype = give_way.restype = ctypes.c_int
+    give_way.argtypes = []
+    return start, end, team_size, post, try_wait, get_value, give_way, wait
 
 
 def _loaded_libgomp() -> str | None:
