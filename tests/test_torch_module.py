@@ -166,6 +166,10 @@ def test_layer_gradients_survive_a_later_forward():
     module = _module(num_layers=2)
     x1, x2 = _array((T, B, I), 1), _array((T, B, I), 2)
     loss_w = _array((T, B, H), 3)
+    # a step first: the plans of both directions are then kept, and the calls below take the
+    # route of a training loop (the backward reads the gates where the forward kernel wrote)
+    module(torch.from_numpy(x2).requires_grad_())[0].sum().backward()
+    module.zero_grad()
     first = torch.from_numpy(x1).requires_grad_()
     y1, _ = module(first)
     assert type(y1.grad_fn).__name__ == "BlockLSTMLayerFunctionBackward"
@@ -176,6 +180,27 @@ def test_layer_gradients_survive_a_later_forward():
     for name, param in module.named_parameters():
         _close(param.grad, want[name], f"d/d{name}")
     del y2
+
+
+def test_a_change_in_place_before_the_backward_raises():
+    """A weight or an output changed in place between a layer's forward and its backward makes
+    the backward raise, as PyTorch's own ops do, rather than return a wrong gradient; an input
+    that needs no gradient gets none."""
+    module = _module()
+    x = torch.from_numpy(_array((T, B, I), 1))
+    module(x)[0].sum().backward()  # plans kept: the calls below take a training loop's route
+    y, _ = module(x)
+    with torch.no_grad():
+        module.w_l0.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    y, _ = module(x)
+    y.mul_(2.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+    module.zero_grad()
+    module(x)[0].sum().backward()
+    assert x.grad is None and module.w_l0.grad is not None
 
 
 def test_a_retained_graph_runs_backward_twice():

@@ -53,24 +53,47 @@ class CpuKernel:
 
     def _arrays(self, args, attrs) -> list:
         """The outputs of a call as NumPy arrays over ``raw_ops``' buffers."""
-        try:
-            key = (tuple((args[i].shape, args[i].dtype, args[i].is_cpu, args[i].layout)
-                         for i in self._floats),
-                   tuple(sorted((k, type(v), v) for k, v in attrs.items())))
-        except AttributeError:  # an input that is not a tensor: raw_ops says which
-            key = None
+        key = self._key(args, attrs)
         plan = self._plans.get(key)
         if plan is None or plan.generation != _build.generation():
             return self._planned_call(key, args, attrs)
-        seq = () if self._seq is None else \
-            (check_seq_len_max(self.op, host_value(self.op, "seq_len_max", args[self._seq]),
-                               plan.T),)
         tensors = [contiguous(args[i]) for i in self._floats]  # TVM's FFI takes tensors
+        return self.run(plan, self.seq_arg(plan, args), tensors)[0]
+
+    def _key(self, args, attrs):
+        """The configuration of a call: its float inputs' shapes, dtypes, devices and layouts,
+        and its attributes (None where an input is not a tensor: ``raw_ops`` says which)."""
+        try:
+            return (tuple((args[i].shape, args[i].dtype, args[i].is_cpu, args[i].layout)
+                          for i in self._floats),
+                    tuple(sorted((k, type(v), v) for k, v in attrs.items())))
+        except AttributeError:
+            return None
+
+    def plan(self, args, attrs):
+        """The kept plan of this configuration (current with the compile cache), or None:
+        then ``self(*args, **attrs)`` makes it."""
+        plan = self._plans.get(self._key(args, attrs))
+        return plan if plan is not None and plan.generation == _build.generation() else None
+
+    def seq_arg(self, plan, args) -> tuple:
+        """``(seq_len_max,)`` of ``args`` checked against ``plan`` (``()`` for a cell op)."""
+        if self._seq is None:
+            return ()
+        value = host_value(self.op, "seq_len_max", args[self._seq])
+        return (check_seq_len_max(self.op, value, plan.T),)
+
+    def run(self, plan, seq: tuple, tensors: list) -> tuple[list, list]:
+        """Run ``plan``'s kernel on ``seq`` (:meth:`seq_arg`) and ``tensors`` (the float inputs
+        in the op's order, C-contiguous: tensors of PyTorch or TVM); returns the outputs as
+        NumPy arrays and as TVM tensors over the same buffer. Only the arrays (or tensors made
+        from them) keep the buffer from being written again: hold them while using the TVM
+        tensors."""
         outputs = plan.layout.borrow(plan)
         try:
             call_with_workers_asleep(launch, plan.compiled.func, *seq, *tensors,
                                      *outputs.tensors)
-            return list(outputs.arrays)  # held before the buffer is given back
+            return list(outputs.arrays), list(outputs.tensors)  # held before it is given back
         except ValueError as err:  # the kernel's own argument checks
             raise kernel_error(self.op.name, err, plan.compiled._roles) from err
         finally:

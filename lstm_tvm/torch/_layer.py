@@ -2,11 +2,19 @@
 per sequence op and overload that returns only what the module uses, ``cs`` and ``h``.
 
 The op's own eager function (:mod:`lstm_tvm.torch._eager`) returns all seven outputs as
-autograd outputs. A layer of the module needs two: here the gate outputs are only saved for
-the backward (which keeps their buffer from being written again until PyTorch frees them after
-the backward). Less Python a step is what this saves (see the training entries of
-``docs/performance.md``). The gradient is the op's, the same formula
-(:func:`lstm_tvm.torch._autograd._formula`).
+autograd outputs and goes through the generic kernel call twice a step. A layer runs once a
+step for every step of a training loop, and its Python runs in caches the kernels just went
+through, so it does as little as it can (see the training entries of ``docs/performance.md``):
+
+- the gate outputs stay in the kernel's output buffer, handed to the grad kernel as the TVM
+  tensors the forward kernel wrote (the buffer is held, unwritten, until the backward);
+- the grad kernel's plan is found from the forward's, not from its 17 inputs;
+- the backward converts only the gradients autograd asks for.
+
+The inputs and ``cs``, ``h`` are saved for the backward as PyTorch saves them (so an in-place
+change of any raises there). The gradient is the grad op's, routed as
+:func:`lstm_tvm.autodiff.grad_route` says; the first call of a configuration goes through the
+checked kernel call (:class:`lstm_tvm.torch._cpu.CpuKernel`) in both directions.
 """
 
 from __future__ import annotations
@@ -17,11 +25,13 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..autodiff import grad_route
-from ._autograd import _formula
 from ._constants import cached_zeros
-from ._cpu import kernel
+from ._cpu import contiguous, kernel
 
 __all__ = ["layer_function"]
+
+#: Forward plans whose grad plan a layer function keeps (all are dropped past it).
+_GRAD_PLANS_KEPT = 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,21 +41,84 @@ def layer_function(op_name: str, overload: str):
     in ``attrs`` and the op's inputs in TF's order; returns ``(cs, h)``."""
     route = grad_route(op_name)
     assert route.matmul is None
-    names = route.forward.output_names
+    fwd, grad = route.forward, route.grad
+    run, run_grad = kernel(op_name), kernel(grad.name)
+    names = fwd.output_names
     cs_at, h_at = names.index("cs"), names.index("h")
-    run = kernel(op_name)
-    setup, gradients = _formula(route, overload, kernel(route.grad.name), None, cached_zeros)
+    seq_at = fwd.input_names.index("seq_len_max")
+    floats = [i for i, t in enumerate(fwd.inputs) if t.dtype == "T"]
+    # the grad op's inputs, each as (where, index): a saved float input, an output of the
+    # forward kernel, or the gradient of cs or h; seq_len_max apart
+    saved_at = {fwd.input_names[i]: k for k, i in enumerate(floats)}
+    grad_args = []
+    for kind, name in route.sources:
+        if kind == "input" and name != "seq_len_max":
+            grad_args.append(("input", saved_at[name]))
+        elif kind == "output":
+            grad_args.append(("output", names.index(name)))
+        elif kind == "output_grad":
+            grad_args.append(("output_grad", ("cs", "h").index(name)))
+    assert len(grad_args) == len(grad.input_names) - 1
+    # the gradient of each input of apply (attrs first) as an output of the grad op, or None
+    from_grad = [None] + [grad.output_names.index(route.from_grad[n])
+                          if n in route.from_grad else None for n in fwd.input_names]
+    grad_seq_at = grad.input_names.index("seq_len_max")
+    grad_attr_names = [n for n in grad.attr_names if n in fwd.attr_names]
+    grad_plans: dict = {}
 
     def forward(ctx, attrs, *inputs):
-        outputs = run(*inputs, **attrs)
-        setup(ctx, inputs, attrs, outputs)  # saves the inputs and the outputs the grad op reads
-        return outputs[cs_at], outputs[h_at]
+        plan = run.plan(inputs, attrs)
+        if plan is None:  # the configuration's first call: checked and planned
+            outputs = run(*inputs, **attrs)
+            arrays, kernel_outputs, seq = None, outputs, None
+            tensors = [inputs[i] for i in floats]
+            plan = run.plan(inputs, attrs)
+            if plan is not None:
+                seq = run.seq_arg(plan, inputs)
+            cs, h = outputs[cs_at], outputs[h_at]
+        else:
+            seq = run.seq_arg(plan, inputs)
+            tensors = [contiguous(inputs[i]) for i in floats]  # saved as the kernel read them
+            arrays, kernel_outputs = run.run(plan, seq, tensors)
+            cs, h = torch.from_numpy(arrays[cs_at]), torch.from_numpy(arrays[h_at])
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*tensors, cs, h)
+        # the buffer the TVM tensors read stays unwritten while the arrays (and cs, h) live
+        ctx.buffer = (arrays, kernel_outputs)
+        ctx.plan, ctx.seq, ctx.seq_input = plan, seq, inputs[seq_at]
+        ctx.attrs = attrs
+        return cs, h
 
     @once_differentiable
     def backward(ctx, cs_grad, h_grad):
-        grads = [None] * len(names)
-        grads[cs_at], grads[h_at] = cs_grad, h_grad
-        return (None, *gradients(ctx, *grads))
+        saved = ctx.saved_tensors  # raises where an input, cs or h was changed in place
+        arrays, outputs = ctx.buffer
+        if cs_grad is None:
+            cs_grad = cached_zeros(saved[-2])
+        given = (cs_grad, contiguous(h_grad) if h_grad is not None else cached_zeros(saved[-1]))
+        found = {"input": saved, "output": outputs, "output_grad": given}
+        plan = ctx.plan
+        entry = grad_plans.get(plan) if plan is not None else None
+        if entry is not None and entry.generation == plan.generation:
+            tensors = [found[kind][k] if kind != "input" else contiguous(found[kind][k])
+                       for kind, k in grad_args]
+            result = run_grad.run(entry, ctx.seq, tensors)[0]
+            return tuple(None if k is None or not need else torch.from_numpy(result[k])
+                         for k, need in zip(from_grad, ctx.needs_input_grad))
+        # the first backward of this configuration: checked and planned
+        if arrays is not None:
+            found["output"] = [torch.from_numpy(a) for a in arrays]
+        args = [found[kind][k] for kind, k in grad_args]
+        args.insert(grad_seq_at, ctx.seq_input)
+        attrs = {n: ctx.attrs[n] for n in grad_attr_names if n in ctx.attrs}
+        result = run_grad(*args, **attrs)
+        if plan is not None:
+            if len(grad_plans) >= _GRAD_PLANS_KEPT:
+                grad_plans.clear()
+            made = run_grad.plan(args, attrs)
+            if made is not None:
+                grad_plans[plan] = made
+        return tuple(None if k is None else result[k] for k in from_grad)
 
     name = f"{op_name}LayerFunction"
     return type(name, (torch.autograd.Function,),
