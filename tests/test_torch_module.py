@@ -158,6 +158,62 @@ def _tf_two_layer_gradients(module, x: np.ndarray, loss_w: np.ndarray) -> dict:
     return dict(zip(variables, tape.gradient(loss, list(variables.values()))))
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_final_state_gradients_match_tf(num_layers):
+    """A loss on the output and on every layer's final state ``h_n``, ``c_n`` (given initial
+    state): the gradients of ``x``, of the initial state and of every weight against TF's
+    tape through the chained layers, at a configuration's first call and again on the route
+    of a training loop (its plans kept)."""
+    module = _module(num_layers=num_layers)
+    values = {"x": _array((T, B, I), 1), "h0": _array((num_layers, B, H), 2),
+              "c0": _array((num_layers, B, H), 3)}
+    loss_w = {"y": _array((T, B, H), 4), "h": _array((num_layers, B, H), 5),
+              "c": _array((num_layers, B, H), 6)}
+
+    variables = {n: tf.Variable(v) for n, v in values.items()}
+    for k in range(num_layers):
+        variables.update({f"{n}_l{k}": tf.Variable(v) for n, v in module.tf_weights(k).items()})
+    with tf.GradientTape() as tape:
+        y, finals = variables["x"], []
+        for k in range(num_layers):
+            weights = {n: variables[f"{n}_l{k}"] for n in ("w", "wci", "wcf", "wco", "b")}
+            y, last_h, last_c = _tf_layer(y, variables["h0"][k], variables["c0"][k], weights,
+                                          forget_bias=1.0)
+            finals.append((last_h, last_c))
+        tf_loss = tf.reduce_sum(y * loss_w["y"]) + sum(
+            tf.reduce_sum(h * loss_w["h"][k]) + tf.reduce_sum(c * loss_w["c"][k])
+            for k, (h, c) in enumerate(finals))
+    want = dict(zip(variables, tape.gradient(tf_loss, list(variables.values()))))
+
+    for call in ("first", "training loop"):
+        module.zero_grad()
+        tensors = {n: torch.from_numpy(v).requires_grad_() for n, v in values.items()}
+        y, (h_n, c_n) = module(tensors["x"], (tensors["h0"], tensors["c0"]))
+        loss = sum((t * torch.from_numpy(loss_w[k])).sum()
+                   for k, t in (("y", y), ("h", h_n), ("c", c_n)))
+        loss.backward()
+        _close(loss, tf_loss, f"loss ({call})")
+        for name in values:
+            _close(tensors[name].grad, want[name], f"d/d{name} ({call})")
+        for name, param in module.named_parameters():
+            _close(param.grad, want[name], f"d/d{name} ({call})")
+
+
+def test_no_steps_pass_the_final_state_gradient_to_the_initial_state():
+    """With ``T = 0`` the final state is the initial one: its gradient is the loss's weight
+    on ``h_n`` and ``c_n``, the weights get none."""
+    module = _module(num_layers=2)
+    h0, c0 = (torch.from_numpy(_array((2, B, H), s)).requires_grad_() for s in (2, 3))
+    loss_h, loss_c = torch.from_numpy(_array((2, B, H), 5)), torch.from_numpy(_array((2, B, H), 6))
+    for _ in range(2):
+        h0.grad = c0.grad = None
+        y, (h_n, c_n) = module(torch.zeros(0, B, I), (h0, c0))
+        assert y.shape == (0, B, H)
+        ((h_n * loss_h).sum() + (c_n * loss_c).sum()).backward()
+        assert torch.equal(h0.grad, loss_h) and torch.equal(c0.grad, loss_c)
+        assert all(p.grad is None or not p.grad.any() for p in module.parameters())
+
+
 def test_layer_gradients_survive_a_later_forward():
     """Two layers, a loss on the output only (no gradient reaches ``c_n``: the layers' ``cs``
     gradients are zeros), and a second forward of the same shapes run before the first one's

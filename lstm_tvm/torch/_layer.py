@@ -1,5 +1,6 @@
 """The eager route of :class:`lstm_tvm.torch.LSTM`'s layers: one ``torch.autograd.Function``
-per sequence op and overload that returns only what the module uses, ``cs`` and ``h``.
+per sequence op and overload that returns only what the module uses: ``cs``, ``h`` and the
+final state.
 
 The op's own eager function (:mod:`lstm_tvm.torch._eager`) returns all seven outputs as
 autograd outputs and goes through the generic kernel call twice a step. A layer runs once a
@@ -9,7 +10,9 @@ through, so it does as little as it can (see the training entries of ``docs/perf
 - the gate outputs stay in the kernel's output buffer, handed to the grad kernel as the TVM
   tensors the forward kernel wrote (the buffer is held, unwritten, until the backward);
 - the grad kernel's plan is found from the forward's, not from its 17 inputs;
-- the backward converts only the gradients autograd asks for.
+- the backward converts only the gradients autograd asks for;
+- the final state (``h`` and ``cs`` at the last step, the initial state for ``T = 0``) is
+  copied out here, not by indexing and stacking through autograd.
 
 The inputs and ``cs``, ``h`` are saved for the backward as PyTorch saves them (so an in-place
 change of any raises there). The gradient is the grad op's, routed as
@@ -38,7 +41,9 @@ _GRAD_PLANS_KEPT = 64
 def layer_function(op_name: str, overload: str):
     """The ``torch.autograd.Function`` of a layer running sequence op ``op_name`` (``overload``
     as :func:`lstm_tvm.torch._ops.overloads`): ``apply(attrs, *inputs)`` with every attribute
-    in ``attrs`` and the op's inputs in TF's order; returns ``(cs, h)``."""
+    in ``attrs`` and the op's inputs in TF's order; returns ``(cs, h, h_last, cs_last)``, the
+    last two `(1, B, H)`: ``h`` and ``cs`` at step ``T - 1`` (``h_prev`` and ``cs_prev`` for
+    ``T = 0``; the module asks for them only where ``seq_len_max`` is ``T``)."""
     route = grad_route(op_name)
     assert route.matmul is None
     fwd, grad = route.forward, route.grad
@@ -46,6 +51,7 @@ def layer_function(op_name: str, overload: str):
     names = fwd.output_names
     cs_at, h_at = names.index("cs"), names.index("h")
     seq_at = fwd.input_names.index("seq_len_max")
+    x_at, cs_prev_at, h_prev_at = (fwd.input_names.index(n) for n in ("x", "cs_prev", "h_prev"))
     floats = [i for i, t in enumerate(fwd.inputs) if t.dtype == "T"]
     # the grad op's inputs, each as (where, index): a saved float input, an output of the
     # forward kernel, or the gradient of cs or h; seq_len_max apart
@@ -76,22 +82,33 @@ def layer_function(op_name: str, overload: str):
             if plan is not None:
                 seq = run.seq_arg(plan, inputs)
             cs, h = outputs[cs_at], outputs[h_at]
+            last = (h[-1:].clone(), cs[-1:].clone()) if h.shape[0] else None
         else:
             seq = run.seq_arg(plan, inputs)
             tensors = [contiguous(inputs[i]) for i in floats]  # saved as the kernel read them
             arrays, kernel_outputs = run.run(plan, seq, tensors)
             cs, h = torch.from_numpy(arrays[cs_at]), torch.from_numpy(arrays[h_at])
+            last = (torch.from_numpy(arrays[h_at][-1:].copy()),
+                    torch.from_numpy(arrays[cs_at][-1:].copy())) if h.shape[0] else None
+        if last is None:  # T = 0: the initial state
+            last = tuple(inputs[i].reshape((1, *inputs[i].shape)).clone()
+                         for i in (h_prev_at, cs_prev_at))
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*tensors, cs, h)
         # the buffer the TVM tensors read stays unwritten while the arrays (and cs, h) live
         ctx.buffer = (arrays, kernel_outputs)
         ctx.plan, ctx.seq, ctx.seq_input = plan, seq, inputs[seq_at]
-        ctx.attrs = attrs
-        return cs, h
+        ctx.attrs, ctx.steps = attrs, inputs[x_at].shape[0]
+        return cs, h, *last
 
     @once_differentiable
-    def backward(ctx, cs_grad, h_grad):
+    def backward(ctx, cs_grad, h_grad, h_last_grad, cs_last_grad):
         saved = ctx.saved_tensors  # raises where an input, cs or h was changed in place
+        if h_last_grad is not None or cs_last_grad is not None:
+            if ctx.steps == 0:
+                return _initial_state_grads(h_last_grad, cs_last_grad)
+            cs_grad = _with_last(cs_grad, cs_last_grad, saved[-2])
+            h_grad = _with_last(h_grad, h_last_grad, saved[-1])
         arrays, outputs = ctx.buffer
         if cs_grad is None:
             cs_grad = cached_zeros(saved[-2])
@@ -120,7 +137,25 @@ def layer_function(op_name: str, overload: str):
                 grad_plans[plan] = made
         return tuple(None if k is None else result[k] for k in from_grad)
 
+    def _initial_state_grads(h_last_grad, cs_last_grad):
+        """The gradients of a call with ``T = 0``: its final state is its initial state."""
+        grads = [None] * len(from_grad)
+        grads[1 + h_prev_at] = None if h_last_grad is None else h_last_grad[0]
+        grads[1 + cs_prev_at] = None if cs_last_grad is None else cs_last_grad[0]
+        return tuple(grads)
+
     name = f"{op_name}LayerFunction"
     return type(name, (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward),
                  "__qualname__": name, "__module__": __name__})
+
+
+def _with_last(grad, last_grad, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of a sequence output (``grad``, None for none) with the gradient of its
+    last step's copy (``last_grad`` `(1, B, H)`, or None) added."""
+    if last_grad is None:
+        return grad
+    total = torch.zeros_like(like) if grad is None else grad.clone(
+        memory_format=torch.contiguous_format)
+    total[-1:] += last_grad
+    return total

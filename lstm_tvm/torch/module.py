@@ -110,6 +110,7 @@ class LSTM(torch.nn.Module):
         self._args = [tuple(_arg_source(n, names) for n in OPS[op].input_names)
                       for names in self._names]
         self.register_buffer("_zeros", torch.zeros(4 * H, **kw), persistent=False)
+        self.register_buffer("_zeros_h", torch.zeros(H, **kw), persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -130,8 +131,7 @@ class LSTM(torch.nn.Module):
     def layer_inputs(self, layer: int) -> dict[str, torch.Tensor]:
         """The op's weight inputs of ``layer`` (``w, wci, wcf, wco, b``; zeros for the ones
         the module does not have)."""
-        zeros = self._buffers["_zeros"]
-        given = (None,) * 4 + (zeros, zeros[:self.hidden_size])
+        given = (None,) * 4 + (self._buffers["_zeros"], self._buffers["_zeros_h"])
         return {n: given[at] if name is None else self._parameters[name]
                 for n, (at, name) in zip(OPS[self.op].input_names, self._args[layer])
                 if n in _WEIGHTS}
@@ -159,39 +159,45 @@ class LSTM(torch.nn.Module):
             mask = (torch.arange(T, device=lengths.device)[:, None] < lengths[None, :])
             mask = mask.unsqueeze(-1).to(x.dtype)
         layer = layer_function(self.op, overload) if eager else None
-        params, zeros_h = self._parameters, zeros[:self.hidden_size]
+        params, zeros_h = self._parameters, self._buffers["_zeros_h"]
         h_n, c_n = [], []
         for k in range(self.num_layers):
             given = (steps, x, c0[k], h0[k], zeros, zeros_h)
             args = tuple(given[at] if name is None else params[name] for at, name in self._args[k])
-            if layer is not None:
-                cs, h = layer.apply(self.attrs, *args)
+            if layer is not None:  # the last step's state comes copied, (1, B, H)
+                cs, h, last_h, last_c = layer.apply(self.attrs, *args)
             else:
                 out = call(self.op, overload, args, self.attrs)
                 cs, h = out[1], out[6]
-            if lengths is None:
-                last_h, last_c = (h[-1], cs[-1]) if T > 0 else (h0[k], c0[k])
-            else:
+                last_h, last_c = (h[-1:], cs[-1:]) if T > 0 else (h0[k][None], c0[k][None])
+            if lengths is not None:
                 h = h * mask.to(h.device)
-                last_h, last_c = _at_lengths(h, h0[k], lengths), _at_lengths(cs, c0[k], lengths)
+                last_h = _at_lengths(h, h0[k], lengths)[None]
+                last_c = _at_lengths(cs, c0[k], lengths)[None]
             h_n.append(last_h)
             c_n.append(last_c)
             x = h
             if self.dropout and self.training and k < self.num_layers - 1:
                 x = torch.nn.functional.dropout(x, self.dropout, training=True)
         output = x.squeeze(1) if unbatched else x.transpose(0, 1) if self.batch_first else x
-        h_n, c_n = torch.stack(h_n), torch.stack(c_n)
+        if len(h_n) == 1 and layer is not None and lengths is None:
+            h_n, c_n = h_n[0], c_n[0]  # copies already
+        else:
+            h_n, c_n = torch.cat(h_n), torch.cat(c_n)
         if unbatched:
             h_n, c_n = h_n.squeeze(1), c_n.squeeze(1)
         return output, (h_n, c_n)
 
     def _initial_state(self, state, B, unbatched: bool, x: torch.Tensor, shared: bool):
-        """``(h_0, c_0)``, each `(num_layers, B, H)`; for ``state=None`` zeros, with
-        ``shared`` (the eager CPU route) a read-only tensor kept for the next call (the
-        kernels only read it, and ``forward`` returns copies)."""
+        """``(h_0, c_0)``, each a sequence of ``num_layers`` tensors `(B, H)`; for
+        ``state=None`` zeros, with ``shared`` (the eager CPU route) a read-only tensor kept for
+        the next call (the kernels only read it, and ``forward`` returns copies)."""
         shape = (self.num_layers, B, self.hidden_size)
         if state is None:
-            zeros = constant(shape, x.dtype, 0.0) if shared else x.new_zeros(shape)
+            if shared:
+                zeros = (constant(shape[1:], x.dtype, 0.0),) * self.num_layers
+            else:
+                zeros = x.new_zeros(shape).unbind(0)
             return zeros, zeros
         if not isinstance(state, (tuple, list)) or len(state) != 2:
             raise TypeError(f"LSTM: state expected a pair (h_0, c_0), got "
@@ -205,7 +211,7 @@ class LSTM(torch.nn.Module):
                     else tuple(value.shape)
                 raise ValueError(f"LSTM: state {name!r} expected shape (num_layers, B, H) = "
                                  f"{want}, got {got}")
-            pair.append(value)
+            pair.append(value.unbind(0))
         return pair[0], pair[1]
 
     @torch.no_grad()
