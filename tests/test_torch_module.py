@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="lstm_tvm.torch needs PyTorch")
 tf = pytest.importorskip("tensorflow", reason="TensorFlow is the oracle")
 
 import lstm_tvm.torch as lt  # noqa: E402
-from lstm_tvm import testing  # noqa: E402
+from lstm_tvm import _host_arrays, testing  # noqa: E402
 
 T, B, I, H = 5, 3, 4, 6  # noqa: E741 - the registry's size symbols
 #: TF's LSTMBlockFusedCell turns the clip off with -1 (the module's cell_clip=None).
@@ -257,6 +257,33 @@ def test_a_change_in_place_before_the_backward_raises():
     module.zero_grad()
     module(x)[0].sum().backward()
     assert x.grad is None and module.w_l0.grad is not None
+
+
+def test_kept_final_states_do_not_hold_the_steps_buffers(monkeypatch):
+    """A training loop that keeps each step's ``h_n`` (graph and all) reuses the kernels'
+    output buffers: what a kept final state holds is its own copy and the layer's graph node,
+    not the step's gates (a new buffer a step would fault its pages in every time)."""
+    module = _module()
+    x = torch.from_numpy(_array((T, B, I), 1))
+
+    def step():
+        y, (h_n, _) = module(x)
+        y.sum().backward()
+        return h_n
+
+    for _ in range(3):
+        step()
+    made = []
+    real_init = _host_arrays.OutputBuffer.__init__
+
+    def counted(self, layout):
+        made.append(layout)
+        real_init(self, layout)
+
+    monkeypatch.setattr(_host_arrays.OutputBuffer, "__init__", counted)
+    kept = [step() for _ in range(5)]
+    assert not made, f"{len(made)} output buffers made in 5 steps"
+    assert all(h.grad_fn is not None for h in kept)
 
 
 def test_a_retained_graph_runs_backward_twice():

@@ -53,6 +53,7 @@ def layer_function(op_name: str, overload: str):
     seq_at = fwd.input_names.index("seq_len_max")
     x_at, cs_prev_at, h_prev_at = (fwd.input_names.index(n) for n in ("x", "cs_prev", "h_prev"))
     floats = [i for i, t in enumerate(fwd.inputs) if t.dtype == "T"]
+    n_floats = len(floats)
     # the grad op's inputs, each as (where, index): a saved float input, an output of the
     # forward kernel, or the gradient of cs or h; seq_len_max apart
     saved_at = {fwd.input_names[i]: k for k, i in enumerate(floats)}
@@ -76,7 +77,7 @@ def layer_function(op_name: str, overload: str):
         plan = run.plan(inputs, attrs)
         if plan is None:  # the configuration's first call: checked and planned
             outputs = run(*inputs, **attrs)
-            arrays, kernel_outputs, seq = None, outputs, None
+            kernel_outputs, seq = None, None  # the outputs are saved with the rest
             tensors = [inputs[i] for i in floats]
             plan = run.plan(inputs, attrs)
             if plan is not None:
@@ -94,9 +95,11 @@ def layer_function(op_name: str, overload: str):
             last = tuple(inputs[i].reshape((1, *inputs[i].shape)).clone()
                          for i in (h_prev_at, cs_prev_at))
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*tensors, cs, h)
-        # the buffer the TVM tensors read stays unwritten while the arrays (and cs, h) live
-        ctx.buffer = (arrays, kernel_outputs)
+        # saving cs and h keeps their buffer, and the gates the TVM tensors read in it,
+        # unwritten until the backward has run (the tensors alone do not hold it: a final
+        # state kept after the backward keeps this node, not the buffer)
+        ctx.save_for_backward(*tensors, cs, h, *(outputs if kernel_outputs is None else ()))
+        ctx.outputs = kernel_outputs
         ctx.plan, ctx.seq, ctx.seq_input = plan, seq, inputs[seq_at]
         ctx.attrs, ctx.steps = attrs, inputs[x_at].shape[0]
         return cs, h, *last
@@ -104,15 +107,16 @@ def layer_function(op_name: str, overload: str):
     @once_differentiable
     def backward(ctx, cs_grad, h_grad, h_last_grad, cs_last_grad):
         saved = ctx.saved_tensors  # raises where an input, cs or h was changed in place
+        cs, h = saved[n_floats], saved[n_floats + 1]
         if h_last_grad is not None or cs_last_grad is not None:
             if ctx.steps == 0:
                 return _initial_state_grads(h_last_grad, cs_last_grad)
-            cs_grad = _with_last(cs_grad, cs_last_grad, saved[-2])
-            h_grad = _with_last(h_grad, h_last_grad, saved[-1])
-        arrays, outputs = ctx.buffer
+            cs_grad = _with_last(cs_grad, cs_last_grad, cs)
+            h_grad = _with_last(h_grad, h_last_grad, h)
+        outputs = ctx.outputs if ctx.outputs is not None else saved[n_floats + 2:]
         if cs_grad is None:
-            cs_grad = cached_zeros(saved[-2])
-        given = (cs_grad, contiguous(h_grad) if h_grad is not None else cached_zeros(saved[-1]))
+            cs_grad = cached_zeros(cs)
+        given = (cs_grad, contiguous(h_grad) if h_grad is not None else cached_zeros(h))
         found = {"input": saved, "output": outputs, "output_grad": given}
         plan = ctx.plan
         entry = grad_plans.get(plan) if plan is not None else None
@@ -123,8 +127,8 @@ def layer_function(op_name: str, overload: str):
             return tuple(None if k is None or not need else torch.from_numpy(result[k])
                          for k, need in zip(from_grad, ctx.needs_input_grad))
         # the first backward of this configuration: checked and planned
-        if arrays is not None:
-            found["output"] = [torch.from_numpy(a) for a in arrays]
+        found["output"] = [t if isinstance(t, torch.Tensor) else torch.from_dlpack(t)
+                           for t in outputs]
         args = [found[kind][k] for kind, k in grad_args]
         args.insert(grad_seq_at, ctx.seq_input)
         attrs = {n: ctx.attrs[n] for n in grad_attr_names if n in ctx.attrs}
