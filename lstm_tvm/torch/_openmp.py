@@ -29,6 +29,9 @@ import threading
 __all__ = ["enabled", "call_with_workers_asleep"]
 
 _local = threading.local()
+#: The most times a thread yields for its workers to take their posts before it ends the
+#: region anyway (a few milliseconds).
+_YIELDS = 20000
 
 
 def enabled() -> bool:
@@ -52,8 +55,11 @@ def call_with_workers_asleep(function, *args):
         for _ in range(team_size() - 1):
             post(sem)
         # libgomp's end of region spins until the workers arrive: let one that woke on this
-        # core run first (docs/performance.md, "a region after an idle spell")
-        while get_value(sem, value) == 0 and value.value > 0:
+        # core run first (docs/performance.md, "a region after an idle spell"); bounded, as a
+        # worker whose wait a signal cut short (a C library returning EINTR) takes no post
+        for _ in range(_YIELDS):
+            if get_value(sem, value) != 0 or value.value <= 0:
+                break
             give_way()
         end()
         while try_wait(sem) == 0:  # a wait a signal cut short left a post unused
