@@ -54,8 +54,8 @@ class CpuKernel:
     def _arrays(self, args, attrs) -> list:
         """The outputs of a call as NumPy arrays over ``raw_ops``' buffers."""
         key = self._key(args, attrs)
-        plan = self._plans.get(key)
-        if plan is None or plan.generation != _build.generation():
+        plan = self._current(key)
+        if plan is None:
             return self._planned_call(key, args, attrs)
         tensors = [contiguous(args[i]) for i in self._floats]  # TVM's FFI takes tensors
         return self.run(plan, self.seq_arg(plan, args), tensors)[0]
@@ -73,7 +73,11 @@ class CpuKernel:
     def plan(self, args, attrs):
         """The kept plan of this configuration (current with the compile cache), or None:
         then ``self(*args, **attrs)`` makes it."""
-        plan = self._plans.get(self._key(args, attrs))
+        return self._current(self._key(args, attrs))
+
+    def _current(self, key):
+        """The plan kept for ``key`` if the compile cache has not moved on since, else None."""
+        plan = self._plans.get(key)
         return plan if plan is not None and plan.generation == _build.generation() else None
 
     def seq_arg(self, plan, args) -> tuple:

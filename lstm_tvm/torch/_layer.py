@@ -51,7 +51,7 @@ def layer_function(op_name: str, overload: str):
     names = fwd.output_names
     cs_at, h_at = names.index("cs"), names.index("h")
     seq_at = fwd.input_names.index("seq_len_max")
-    x_at, cs_prev_at, h_prev_at = (fwd.input_names.index(n) for n in ("x", "cs_prev", "h_prev"))
+    cs_prev_at, h_prev_at = fwd.input_names.index("cs_prev"), fwd.input_names.index("h_prev")
     floats = [i for i, t in enumerate(fwd.inputs) if t.dtype == "T"]
     n_floats = len(floats)
     # the grad op's inputs, each as (where, index): a saved float input, an output of the
@@ -101,7 +101,7 @@ def layer_function(op_name: str, overload: str):
         ctx.save_for_backward(*tensors, cs, h, *(outputs if kernel_outputs is None else ()))
         ctx.outputs = kernel_outputs
         ctx.plan, ctx.seq, ctx.seq_input = plan, seq, inputs[seq_at]
-        ctx.attrs, ctx.steps = attrs, inputs[x_at].shape[0]
+        ctx.attrs = attrs
         return cs, h, *last
 
     @once_differentiable
@@ -109,7 +109,7 @@ def layer_function(op_name: str, overload: str):
         saved = ctx.saved_tensors  # raises where an input, cs or h was changed in place
         cs, h = saved[n_floats], saved[n_floats + 1]
         if h_last_grad is not None or cs_last_grad is not None:
-            if ctx.steps == 0:
+            if h.shape[0] == 0:
                 return _initial_state_grads(h_last_grad, cs_last_grad)
             cs_grad = _with_last(cs_grad, cs_last_grad, cs)
             h_grad = _with_last(h_grad, h_last_grad, h)
