@@ -90,6 +90,24 @@ def test_weight_gradient_over_several_chunks_of_rows(tf, op_name, dtype, I, H):
                tf_outputs=testing.tf_run(op_name, inputs, attrs))
 
 
+@pytest.mark.parametrize("I, H", [(16, 8), (264, 248)], ids=["rows", "transposed"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op_name", [n for n, op in registry.OPS.items()
+                                     if op.kind == "sequence" and op.direction == "backward"])
+def test_weight_gradient_when_whole_chunks_cover_the_rows(tf, op_name, dtype, I, H):
+    """Rows of the sequence that the chunk divides: a float32 CPU kernel's last GEMM (over no
+    rows then) still moves the accumulated chunks into ``w_grad``."""
+    B, T = 8, 64
+    chunk = w_grad_chunk(I, H, kernel_variant(resolve_target("llvm")).l2_bytes)
+    attrs = {"use_peephole": False}
+    for seq_len_max in (chunk // B, 2 * chunk // B):
+        assert seq_len_max <= T and seq_len_max * B % chunk == 0
+        inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=I, H=H, T=T,
+                                     seq_len_max=seq_len_max, attrs=attrs, seed=seq_len_max)
+        _check(op_name, inputs, attrs, dtype, T=T,
+               tf_outputs=testing.tf_run(op_name, inputs, attrs))
+
+
 def _assert_padding_zero(op_name, got, seq_len_max):
     """lstm_tvm zero-fills every time-major output at t >= seq_len_max (TF leaves some undefined)."""
     for name, spec in zip(got._fields, registry.get_op(op_name).outputs):

@@ -190,7 +190,7 @@ def _weight_grads(kb, buf, dtype, peep, sizes, off, dicfo, w_tx):
     else:
         _x_grad_by_chunks(kb, buf, dtype, sizes, dicfo, w_tx)
 
-    wg = _w_grad(kb, buf, sizes, dicfo, in_place)
+    wg, complete = _w_grad(kb, buf, sizes, dicfo, in_place)
     bg = kb.temp("bg", (G,))
     kb.reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
     peephole_grads(kb, buf, dtype, peep, H, ran, off, (M,),
@@ -198,11 +198,11 @@ def _weight_grads(kb, buf, dtype, peep, sizes, off, dicfo, w_tx):
                    lambda k, r: tirx.if_then_else(r[0] >= B, f32(cs[r[0] - B, k]),
                                                   f32(buf["cs_prev"][r[0], k])),
                    lambda k, r: f32(cs[r[0], k]))
-    if wg is None:  # accumulated in the output
+    if wg is None and not complete:  # accumulated in the output, unwritten at M = 0
         with T.If(tirx.Not(ran)), T.Then():
             kb.spatial("w_grad_zero", (I + H, G), lambda k, j: T.buffer_store(
                 buf["w_grad"], zero(), [k, j]))
-    else:
+    elif wg is not None:
         kb.spatial("w_grad_out", (I + H, G), lambda k, j: T.buffer_store(
             buf["w_grad"], tirx.if_then_else(ran, store(wg(k, j), dtype), zero(dtype)),
             [k, j]))
@@ -222,11 +222,16 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     walks column panel first: every chunk, each thread adds to the same columns, along
     contiguous memory (a row-major accumulator walked so has rows 4-8 KB apart; BlockLSTMGradV2
     64x32x256x256 5-6% faster on a Zen 5, docs/performance.md). On GPUs it is the float32
-    output (``in_place``) or a row-major scratch. Returns the accumulator's accessor ``(k, j)
-    -> value``, or None where it is the output. The tail's GEMM
+    output (``in_place``) or a row-major scratch. The tail's GEMM
     (``w_grad_tail``; CPU builds, see :class:`.KernelVariant`) reduces over the rows left rounded
     up to :data:`ROW_TILE`, not a whole chunk: at ``T*B = 100`` a chunk of 256 rows did 2.5x
-    the arithmetic (rounded up to 32 rows, 1.28x).
+    the arithmetic (rounded up to 32 rows, 1.28x). A float32 CPU op's tail always runs, over
+    no rows where the chunk divides ``M``: it starts from the accumulator and writes the
+    output, so no copy of the accumulator into the output follows (a copy of ``w``'s size
+    through memory, docs/performance.md, "the weight gradient's last chunk").
+
+    Returns the accumulator's accessor ``(k, j) -> value`` (None where the output is the
+    accumulator) and whether the output is complete: written even where ``M`` is 0.
 
     The GEMM's operands then stay in the L2 cache, and stream contiguous memory, instead of
     rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands").
@@ -244,13 +249,15 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     else:
         acc_shape, acc_at = (I + H, G), lambda k, j: (k, j)
     in_output = in_place and not kb.cpu
-    acc = (flat(buf["w_grad"], I + H, name="w_grad_rows") if in_output
-           else kb.temp("wg", acc_shape))
+    tail_to_output = in_place and kb.cpu
+    out_rows = flat(buf["w_grad"], I + H, name="w_grad_rows") if in_place else None
+    acc = out_rows if in_output else kb.temp("wg", acc_shape)
     chunk = w_grad_chunk(I, H, kb.variant.l2_bytes)
     transposed = kb.cpu and I + H >= W_GRAD_TRANSPOSED_FROM
     a = kb.temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
     d_scratch = kb.panel_scratch("w_grad_d", chunk, G)
     acc_rest = kb.rest_view(acc)
+    out_rest = kb.rest_view(out_rows) if tail_to_output else None
 
     def pack(name, rows, cols, first_col, value):
         """``a`` at the chunk's rows ``< rows``, columns ``first_col + k``: ``value(r, k)``
@@ -262,7 +269,7 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
             kb.spatial(name, (rows, cols), lambda r, k: T.buffer_store(
                 a, value(r, k), [r, first_col + k]))
 
-    def chunk_gemm(prefix: str, first, rows):
+    def chunk_gemm(prefix: str, first, rows, to_output: bool = False):
         def masked(value):
             return lambda r, k: tirx.if_then_else(first + r < M, value(first + r, k), zero())
 
@@ -272,9 +279,10 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
         pack(f"{prefix}_pack_x", rows, I, 0, x_rows)
         pack(f"{prefix}_pack_h", rows, H, I, h_before)
         d = kb.panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
-        kb.gemm(prefix, acc, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
+        out, rest = (out_rows, out_rest) if to_output else (acc, acc_rest)
+        kb.gemm(prefix, out, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
              pad=False, init=lambda k, j: tirx.Select(first > 0, acc[acc_at(k, j)], zero()),
-             out_panels=len(acc_shape) == 3, rest_out=acc_rest)
+             out_panels=not to_output and len(acc_shape) == 3, rest_out=rest)
 
     tail = kb.cpu  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
@@ -282,10 +290,14 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
         chunk_gemm("w_grad", first, chunk)
     if tail:
         # At most one chunk, of the rows left rounded up to ROW_TILE (at most ``chunk``):
-        # ``dicfo`` is zero that far past its last row, the packs write zeros there.
-        with kb.row_chunks("w_grad_tail_chunk", M - whole, chunk, per_step=True):
-            chunk_gemm("w_grad_tail", whole, padded(M - whole))
-    return None if in_output else (lambda k, j: acc[acc_at(k, j)])
+        # ``dicfo`` is zero that far past its last row, the packs write zeros there. Exactly
+        # one where it writes the output.
+        rows_left = chunk if tail_to_output else M - whole
+        with kb.row_chunks("w_grad_tail_chunk", rows_left, chunk, per_step=True):
+            chunk_gemm("w_grad_tail", whole, padded(M - whole), to_output=tail_to_output)
+    if tail_to_output:
+        return None, True
+    return (None if in_output else (lambda k, j: acc[acc_at(k, j)])), False
 
 
 def _x_grad_in_place(kb, buf, sizes, dicfo, w_tx):
