@@ -228,7 +228,8 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     the arithmetic (rounded up to 32 rows, 1.28x). A float32 CPU op's tail always runs, over
     no rows where the chunk divides ``M``: it starts from the accumulator and writes the
     output, so no copy of the accumulator into the output follows (a copy of ``w``'s size
-    through memory, docs/performance.md, "the weight gradient's last chunk").
+    through memory, docs/performance.md, "the weight gradient's last chunk"), and, after no
+    whole chunk, it starts from zero, not from the accumulator.
 
     Returns the accumulator's accessor ``(k, j) -> value`` (None where the output is the
     accumulator) and whether the output is complete: written even where ``M`` is 0.
@@ -250,14 +251,19 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
         acc_shape, acc_at = (I + H, G), lambda k, j: (k, j)
     in_output = in_place and not kb.cpu
     tail_to_output = in_place and kb.cpu
-    out_rows = flat(buf["w_grad"], I + H, name="w_grad_rows") if in_place else None
-    acc = out_rows if in_output else kb.temp("wg", acc_shape)
+    acc = (flat(buf["w_grad"], I + H, name="w_grad_rows") if in_output
+           else kb.temp("wg", acc_shape))
     chunk = w_grad_chunk(I, H, kb.variant.l2_bytes)
     transposed = kb.cpu and I + H >= W_GRAD_TRANSPOSED_FROM
     a = kb.temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
     d_scratch = kb.panel_scratch("w_grad_d", chunk, G)
     acc_rest = kb.rest_view(acc)
-    out_rest = kb.rest_view(out_rows) if tail_to_output else None
+    # the tail's two GEMMs into the output (see below), each through views of its own
+    outs = {}
+    if tail_to_output:
+        for suffix in ("", "_alone"):
+            view = flat(buf["w_grad"], I + H, name=f"w_grad_rows{suffix}")
+            outs[suffix] = view, kb.rest_view(view)
 
     def pack(name, rows, cols, first_col, value):
         """``a`` at the chunk's rows ``< rows``, columns ``first_col + k``: ``value(r, k)``
@@ -269,7 +275,8 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
             kb.spatial(name, (rows, cols), lambda r, k: T.buffer_store(
                 a, value(r, k), [r, first_col + k]))
 
-    def chunk_gemm(prefix: str, first, rows, to_output: bool = False):
+    def pack_chunk(prefix: str, first, rows):
+        """The chunk's operands: ``a`` filled, and the accessor of ``dicfo``'s panels."""
         def masked(value):
             return lambda r, k: tirx.if_then_else(first + r < M, value(first + r, k), zero())
 
@@ -278,26 +285,40 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
             r < B, f32(buf["h_prev"][r, k]), f32(h[r - B, k])))
         pack(f"{prefix}_pack_x", rows, I, 0, x_rows)
         pack(f"{prefix}_pack_h", rows, H, I, h_before)
-        d = kb.panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
-        out, rest = (out_rows, out_rest) if to_output else (acc, acc_rest)
+        return kb.panels(f"{prefix}_d", rows, G, lambda r, j: dicfo[first + r, j], d_scratch)
+
+    def gemm(prefix: str, rows, d, out, rest, init, panels: bool):
         kb.gemm(prefix, out, I + H, G, rows, lambda k, r: a[k, r] if transposed else a[r, k], d,
-             pad=False, init=lambda k, j: tirx.Select(first > 0, acc[acc_at(k, j)], zero()),
-             out_panels=not to_output and len(acc_shape) == 3, rest_out=rest)
+                pad=False, init=init, out_panels=panels, rest_out=rest)
 
     tail = kb.cpu  # GPU tiles need a constant reduction: whole chunks only
     whole = M // chunk * chunk if tail else M
     with kb.row_chunks("w_grad_chunk", whole, chunk, per_step=True) as (first, _):
-        chunk_gemm("w_grad", first, chunk)
-    if tail:
-        # At most one chunk, of the rows left rounded up to ROW_TILE (at most ``chunk``):
-        # ``dicfo`` is zero that far past its last row, the packs write zeros there. Exactly
-        # one where it writes the output.
-        rows_left = chunk if tail_to_output else M - whole
-        with kb.row_chunks("w_grad_tail_chunk", rows_left, chunk, per_step=True):
-            chunk_gemm("w_grad_tail", whole, padded(M - whole), to_output=tail_to_output)
-    if tail_to_output:
-        return None, True
-    return (None if in_output else (lambda k, j: acc[acc_at(k, j)])), False
+        gemm("w_grad", chunk, pack_chunk("w_grad", first, chunk), acc, acc_rest,
+             lambda k, j: tirx.Select(first > 0, acc[acc_at(k, j)], zero()),
+             len(acc_shape) == 3)
+    if not tail:
+        return (None if in_output else (lambda k, j: acc[acc_at(k, j)])), False
+    # At most one chunk, of the rows left rounded up to ROW_TILE (at most ``chunk``):
+    # ``dicfo`` is zero that far past its last row, the packs write zeros there. Exactly one
+    # where it writes the output: it starts from the accumulator after whole chunks, from zero
+    # without any (a GEMM that read the accumulator there streamed a scratch of ``w``'s size
+    # for nothing, docs/performance.md, "the weight gradient's last chunk").
+    rows = padded(M - whole)
+    with kb.row_chunks("w_grad_tail_chunk", chunk if tail_to_output else M - whole, chunk,
+                       per_step=True):
+        d = pack_chunk("w_grad_tail", whole, rows)
+        if not tail_to_output:
+            gemm("w_grad_tail", rows, d, acc, acc_rest,
+                 lambda k, j: tirx.Select(whole > 0, acc[acc_at(k, j)], zero()),
+                 len(acc_shape) == 3)
+            return (lambda k, j: acc[acc_at(k, j)]), False
+        with T.If(whole > 0):
+            with T.Then():
+                gemm("w_grad_tail", rows, d, *outs[""], lambda k, j: acc[acc_at(k, j)], False)
+            with T.Else(), kb.version("_alone"):
+                gemm("w_grad_tail", rows, d, *outs["_alone"], None, False)
+    return None, True
 
 
 def _x_grad_in_place(kb, buf, sizes, dicfo, w_tx):
