@@ -65,6 +65,16 @@ def w_grad_chunk(input_size: int, cell_size: int, l2_bytes: int) -> int:
     return next((rows for rows in (256, 128) if rows * row_bytes <= budget), 64)
 
 
+def dicfo_zero_rows(cpu: bool) -> int:
+    """Rows of zeros the sequence backward writes past the last row of ``dicfo``: as far as any
+    block reads. GPU builds reduce over whole chunks of rows (up to ``K_SLAB``); CPU builds'
+    reads end within ``ROW_TILE`` rows past it (the rows left after whole chunks, and a step's
+    product rows, padded to ``ROW_TILE``; the first step's rows of a batch below
+    ``GATE_ROWS_BELOW``). Zeroing ``K_SLAB`` rows on a CPU wrote as much as ``w`` itself at
+    I=H=256 (docs/performance.md, "the weight gradient's last chunk")."""
+    return ROW_TILE if cpu else K_SLAB
+
+
 def weight_packs(input_size: int, cell_size: int) -> tuple[WeightPack, ...]:
     """The backward's panels of ``w`` transposed: two matrices, not one ``(G, I+H)`` (a GEMM
     operand whose row stride is wider than its columns ran half as fast, docs/performance.md,
@@ -88,7 +98,7 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         dicfo = kb.temp("dicfo", (Tn * B + K_SLAB, G))
         dh, dcs = kb.temp("dh", (padded(B), H)), kb.temp("dcs", (B, H))
         dcs_next = kb.temp("dcs_next", (B, H))
-        kb.spatial("dicfo_pad", (K_SLAB, G), lambda m, j: T.buffer_store(
+        kb.spatial("dicfo_pad", (dicfo_zero_rows(kb.cpu), G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
         w_tx, w_th = (weight_panels(kb, buf, pack) for pack in packs)
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
