@@ -256,16 +256,17 @@ def test_per_step_gemms_are_tuned_without_reduction_slabs():
     assert 4 * 1 < PACK_FROM_ROWS
     for op_name, in_loops in (("BlockLSTM", gates | {name + "_short" for name in gates}),
                               ("BlockLSTMGrad", {"dh", "dh" + short, "w_grad",
-                                                 "w_grad_tail"})):
+                                                 "w_grad_tail", "w_grad_tail_alone"})):
         attrs = validation.validate_attrs(registry.get_op(op_name), {"use_peephole": False})
         blocks = task_mod.kernel_gemms(op_name, "float32", 512, 512, attrs,
                                        KernelVariant())
         assert {b.name for b in blocks if b.per_step} == in_loops
         for name in (n for n in in_loops if not n.endswith("_short")):
             # SHORT_ROWS rows run *_rows4; w_grad_tail the 120 rows that chunks of 128 leave
-            # of 4 x 62 (rounded up to ROW_TILE: 120)
-            batch = (SHORT_ROWS if name.endswith(short)
-                     else 62 if name == "w_grad_tail" else 64)
+            # of 4 x 62 (rounded up to ROW_TILE: 120), w_grad_tail_alone the 120 rows of
+            # 4 x 30, fewer than a chunk
+            batch = {"w_grad_tail": 62, "w_grad_tail_alone": 30}.get(
+                name, SHORT_ROWS if name.endswith(short) else 64)
             tasks = task_mod.tasks_for(op_name, "float32", 512, 512, attrs, 4, batch,
                                        KernelVariant())
             assert not any(t.name.endswith("_short") for t in tasks)

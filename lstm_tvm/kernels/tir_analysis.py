@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .._tvm import tirx
 
-__all__ = ["divides", "gemm_operand", "is_static", "tensor_loads", "uses_var"]
+__all__ = ["at_most", "divides", "gemm_operand", "is_static", "tensor_loads", "uses_var"]
 
 
 def is_static(extent) -> bool:
@@ -20,6 +20,16 @@ def divides(factor: int, extent) -> bool:
 
     rem = Analyzer().simplify(tirx.floormod(extent, factor))
     return isinstance(rem, tirx.IntImm) and rem.value == 0
+
+
+def at_most(extent, bound: int) -> bool:
+    """Whether ``extent`` is provably at most ``bound`` (symbolic extents included)."""
+    if is_static(extent):
+        return int(extent) <= bound
+    from tvm.sym import Analyzer
+
+    analyzer = Analyzer()
+    return bool(analyzer.can_prove(analyzer.simplify(extent) <= bound))
 
 
 def tensor_loads(expr):

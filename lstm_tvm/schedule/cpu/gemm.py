@@ -16,7 +16,7 @@ import dataclasses
 
 from ..._tvm import Schedule, tirx
 from ...kernels.contract import PANEL, ROW_TILE
-from ...kernels.tir_analysis import is_static, tensor_loads, uses_var
+from ...kernels.tir_analysis import at_most, is_static, tensor_loads, uses_var
 from ..traits import CpuTraits
 from ..blocks import in_loop_body
 from .loop_facts import COLUMN_CHOICES, block_loops, divides
@@ -84,6 +84,10 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     whose left operand ``M x 4H`` grows to tens of MB) column blocks first ran 11-16% slower
     at two of the shapes tried, so those keep the slabs (docs/performance.md).
 
+    A GEMM of at most one row of tiles (the sequence backward's last rows of ``x_grad``):
+    no slabs either. Its left operand is a few rows, which no cache blocking helps, and each
+    slab would be a thread-pool launch of its own.
+
     ``out_panels``: the output is stored as column panels. Inside a loop body such a GEMM
     (the sequence backward's weight gradient, accumulated chunk by chunk) runs column blocks
     first too: each thread adds to the same columns every iteration, a panel's rows one
@@ -99,7 +103,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
         cols *= 2
     panel_major = (not per_step and a_rows_contiguous and b_layout == "kp"
                    and _at_least(n_extent, k_extent))
-    slab = 0 if per_step or panel_major else next(
+    slab = 0 if per_step or panel_major or at_most(m_extent, rows) else next(
         (b for b in ((256,) if a_rows_contiguous else (64,))
          if divides(b, k_extent) and not divides(k_extent, b)), 0)
     # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
