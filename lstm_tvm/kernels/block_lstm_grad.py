@@ -25,7 +25,7 @@ with ``T``: the rest has the size of the state, of ``w`` or of a chunk of rows.
 
 from __future__ import annotations
 
-from .._tvm import tirx
+from .._tvm import IRBuilder, tirx
 from ..registry import OpSpec
 from ._builder import T, flat, kernel, padded, panel_layout, zero
 from .contract import GATE_ROWS_BELOW, GATES, K_SLAB, ROW_TILE
@@ -238,8 +238,8 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     the arithmetic (rounded up to 32 rows, 1.28x). A float32 CPU op's tail always runs, over
     no rows where the chunk divides ``M``: it starts from the accumulator and writes the
     output, so no copy of the accumulator into the output follows (a copy of ``w``'s size
-    through memory, docs/performance.md, "the weight gradient's last chunk"), and, after no
-    whole chunk, it starts from zero, not from the accumulator.
+    through memory, docs/performance.md, "the weight gradient's last chunk"). After no whole
+    chunk the tail starts from zero (a version of its own), not from the accumulator.
 
     Returns the accumulator's accessor ``(k, j) -> value`` (None where the output is the
     accumulator) and whether the output is complete: written even where ``M`` is 0.
@@ -268,12 +268,18 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     a = kb.temp("w_grad_a", (I + H, chunk) if transposed else (chunk, I + H))
     d_scratch = kb.panel_scratch("w_grad_d", chunk, G)
     acc_rest = kb.rest_view(acc)
-    # the tail's two GEMMs into the output (see below), each through views of its own
+    # the two versions of the tail's GEMM (see below) write the output (float32) or the
+    # accumulator, each through a view of its own
     outs = {}
-    if tail_to_output:
-        for suffix in ("", "_alone"):
+    for suffix in ("", "_alone") if kb.cpu else ():
+        if tail_to_output:
             view = flat(buf["w_grad"], I + H, name=f"w_grad_rows{suffix}")
-            outs[suffix] = view, kb.rest_view(view)
+        elif suffix:
+            view = T.decl_buffer(acc.shape, acc.dtype, data=acc.data)
+            IRBuilder.name(f"wg{suffix}", view)
+        else:
+            view = acc
+        outs[suffix] = view, acc_rest if view is acc else kb.rest_view(view)
 
     def pack(name, rows, cols, first_col, value):
         """``a`` at the chunk's rows ``< rows``, columns ``first_col + k``: ``value(r, k)``
@@ -311,24 +317,22 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
         return (None if in_output else (lambda k, j: acc[acc_at(k, j)])), False
     # At most one chunk, of the rows left rounded up to ROW_TILE (at most ``chunk``):
     # ``dicfo`` is zero that far past its last row, the packs write zeros there. Exactly one
-    # where it writes the output: it starts from the accumulator after whole chunks, from zero
+    # where it writes the output. It starts from the accumulator after whole chunks, from zero
     # without any (a GEMM that read the accumulator there streamed a scratch of ``w``'s size
     # for nothing, docs/performance.md, "the weight gradient's last chunk").
     rows = padded(M - whole)
+    panels = not tail_to_output and len(acc_shape) == 3
     with kb.row_chunks("w_grad_tail_chunk", chunk if tail_to_output else M - whole, chunk,
                        per_step=True):
         d = pack_chunk("w_grad_tail", whole, rows)
-        if not tail_to_output:
-            gemm("w_grad_tail", rows, d, acc, acc_rest,
-                 lambda k, j: tirx.Select(whole > 0, acc[acc_at(k, j)], zero()),
-                 len(acc_shape) == 3)
-            return (lambda k, j: acc[acc_at(k, j)]), False
         with T.If(whole > 0):
             with T.Then():
-                gemm("w_grad_tail", rows, d, *outs[""], lambda k, j: acc[acc_at(k, j)], False)
+                gemm("w_grad_tail", rows, d, *outs[""], lambda k, j: acc[acc_at(k, j)], panels)
             with T.Else(), kb.version("_alone"):
-                gemm("w_grad_tail", rows, d, *outs["_alone"], None, False)
-    return None, True
+                gemm("w_grad_tail", rows, d, *outs["_alone"], None, panels)
+    if tail_to_output:
+        return None, True
+    return (lambda k, j: acc[acc_at(k, j)]), False
 
 
 def _x_grad_in_place(kb, buf, sizes, dicfo, w_tx):
