@@ -16,8 +16,9 @@ takes one more such product after the loop (block ``dh_first_few<B>``). After th
 for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk for float16, the
 rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs;
 ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad`` and the
-peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for ``K_SLAB``
-rows past the last one, so chunks of rows read it with no bounds checks. Everything
+peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for
+:func:`dicfo_zero_rows` rows past the last one (``K_SLAB`` on GPUs, ``ROW_TILE`` on CPUs),
+so chunks of rows read it with no bounds checks. Everything
 accumulates in float32 (``x_grad`` in the output of a float32 op; ``w_grad`` there too on
 GPUs, in column panels on CPUs). Beyond ``dicfo``, no scratch grows
 with ``T``: the rest has the size of the state, of ``w`` or of a chunk of rows.
@@ -35,7 +36,7 @@ from .block_cell import peephole_grads
 from .variant import KernelVariant
 
 #: Rows of ``x_grad`` a float16 sequence backward computes at a time (at most ``K_SLAB``:
-#: the last chunk reads that far past the last row of ``dicfo``).
+#: a GPU's last chunk reads that far past the last row of ``dicfo``).
 X_GRAD_CHUNK = K_SLAB
 #: From this many columns ``I+H`` CPU builds pack the weight gradient's rows transposed (a
 #: column per row of the sequence): packed a row per row of the sequence, consecutive steps of
@@ -55,7 +56,7 @@ def w_grad_packed_bytes(l2_bytes: int) -> int:
 
 def w_grad_chunk(input_size: int, cell_size: int, l2_bytes: int) -> int:
     """Rows of the sequence the weight gradient reduces per chunk: the most, among 256, 128
-    and 64 (at most ``K_SLAB``: the last chunk reads that far into ``dicfo``'s zero rows),
+    and 64 (at most ``K_SLAB``: a GPU's last chunk reads that far into ``dicfo``'s zero rows),
     whose packed float32 operands (a row of ``I+H`` and one of ``4H`` values each) fit
     :func:`w_grad_packed_bytes` of ``l2_bytes`` (:attr:`KernelVariant.l2_bytes`; larger
     chunks were faster while they fit the L2 cache, slower past it: docs/performance.md,
