@@ -65,10 +65,11 @@ def test_gemms_over_wide_panels_run_column_blocks_first(target):
     """The rule's tile order and reduction slabs, per GEMM block of the kernels as built (rows
     symbolic): the forward's input product ``xw`` (N = 4H >= K = I, panels, outside the time
     loop) runs column blocks first without slabs; the backward's ``x_grad_gemm`` (K = 4H >
-    N = I) keeps row blocks first and its slabs of 256; the recurrent product ``gates`` (a
-    time step's) neither. The weight gradient's per-chunk GEMM ``w_grad``, which accumulates
-    in column panels, runs column blocks first without slabs. A GEMM over a single row per tile
-    runs column blocks first."""
+    N = I) keeps row blocks first and its slabs of 256, but not ``x_grad_tail``, its last rows
+    (fewer than ``ROW_TILE``: each slab a launch, for no reuse); the recurrent product
+    ``gates`` (a time step's) neither. The weight gradient's per-chunk GEMM ``w_grad``, which
+    accumulates in column panels, runs column blocks first without slabs. A GEMM over a
+    single row per tile runs column blocks first."""
     traits = cpu_traits(resolve_target(target))
 
     def tiles(op_name, input_size, cell_size):
@@ -77,7 +78,8 @@ def test_gemms_over_wide_panels_run_column_blocks_first(target):
         sch = Schedule(BUILDERS[op_name](op, "float32", input_size, cell_size, attrs,
                                                    KernelVariant()))
         return {sch.get(b).name_hint: gemm.rule(sch, b, traits) for b in leaf_blocks(sch)
-                if sch.get(b).name_hint in ("xw", "x_grad_gemm", "gates", "w_grad")}
+                if sch.get(b).name_hint in ("xw", "x_grad_gemm", "x_grad_tail", "gates",
+                                            "w_grad")}
 
     fwd = tiles("BlockLSTMV2", 512, 256)  # N = 1024 >= K = 512
     assert (fwd["xw"].n_major, fwd["xw"].k_block) == (1, 0)
@@ -85,6 +87,7 @@ def test_gemms_over_wide_panels_run_column_blocks_first(target):
     assert tiles("BlockLSTMV2", 2048, 256)["xw"].k_block == 256  # K = 2048 > N
     bwd = tiles("BlockLSTMGradV2", 256, 128)  # N = 256 < K = 512
     assert (bwd["x_grad_gemm"].n_major, bwd["x_grad_gemm"].k_block) == (0, 256)
+    assert bwd["x_grad_tail"].k_block == 0
     assert (bwd["w_grad"].n_major, bwd["w_grad"].k_block) == (1, 0)
     one_row = gemm.default_tile(1, 1024, 2048, traits=traits)
     assert (one_row.rows, one_row.n_major) == (1, 1)

@@ -84,9 +84,9 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
     whose left operand ``M x 4H`` grows to tens of MB) column blocks first ran 11-16% slower
     at two of the shapes tried, so those keep the slabs (docs/performance.md).
 
-    A GEMM of at most one row of tiles (the sequence backward's last rows of ``x_grad``):
-    no slabs either. Its left operand is a few rows, which no cache blocking helps, and each
-    slab would be a thread-pool launch of its own.
+    A GEMM of at most ``ROW_TILE`` rows (the sequence backward's last rows of ``x_grad``): no
+    slabs either. Its left operand is a few rows, which no cache blocking helps, and each slab
+    would be a thread-pool launch of its own.
 
     ``out_panels``: the output is stored as column panels. Inside a loop body such a GEMM
     (the sequence backward's weight gradient, accumulated chunk by chunk) runs column blocks
@@ -103,7 +103,7 @@ def default_tile(m_extent, n_extent, k_extent, a_rows_contiguous: bool = True,
         cols *= 2
     panel_major = (not per_step and a_rows_contiguous and b_layout == "kp"
                    and _at_least(n_extent, k_extent))
-    slab = 0 if per_step or panel_major or at_most(m_extent, rows) else next(
+    slab = 0 if per_step or panel_major or at_most(m_extent, ROW_TILE) else next(
         (b for b in ((256,) if a_rows_contiguous else (64,))
          if divides(b, k_extent) and not divides(k_extent, b)), 0)
     # One row per tile (a batch below ROW_TILE): tiles of a column panel run in a row, so a
