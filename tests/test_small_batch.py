@@ -206,8 +206,8 @@ def test_the_sequence_backward_reads_no_row_past_the_zeros_it_writes(op_name, dt
     zeros carries into the weight gradient even where the operand beside it is zero."""
     attrs = {"use_peephole": True}
     T = 24
+    run = getattr(lstm_tvm.raw_ops, op_name)
     for B in (1, 2, 3, 9):
-        run = getattr(lstm_tvm.raw_ops, op_name)
         long_inputs = testing.make_inputs(op_name, dtype=dtype, B=B, I=8, H=16, T=T, seed=B,
                                           attrs=attrs)
         long_inputs["h_grad"] = np.full_like(long_inputs["h_grad"], np.inf)

@@ -304,11 +304,7 @@ class KernelBuilder:
         """A view of all of ``out`` for the rows a :meth:`gemm` cut for the register tile's
         rows leaves (None where GEMMs are not cut): make it outside the loop whose body holds
         the GEMM."""
-        if not self._cut_rows():
-            return None
-        view = T.decl_buffer(out.shape, out.dtype, data=out.data, elem_offset=out.elem_offset)
-        IRBuilder.name(f"{out.name}_rest", view)
-        return view
+        return alias(out, f"{out.name}_rest") if self._cut_rows() else None
 
     def _row_split(self, rows, multiple: int):
         """``(head, rest)`` row counts of a :meth:`gemm` over ``rows`` rows (a multiple of
@@ -571,6 +567,15 @@ class KernelBuilder:
 def sizes_of(input_size: int, cell_size: int) -> dict:
     """The constant sizes of every kernel of ``I = input_size``, ``H = cell_size``."""
     return {"I": input_size, "H": cell_size}
+
+
+def alias(buffer, name: str):
+    """A view of all of ``buffer`` named ``name``: a second writer's own buffer (see
+    :func:`flat`)."""
+    view = T.decl_buffer(buffer.shape, buffer.dtype, data=buffer.data,
+                         elem_offset=buffer.elem_offset)
+    IRBuilder.name(name, view)
+    return view
 
 
 def flat(buffer, rows, first=0, name: str | None = None):

@@ -26,9 +26,9 @@ with ``T``: the rest has the size of the state, of ``w`` or of a chunk of rows.
 
 from __future__ import annotations
 
-from .._tvm import IRBuilder, tirx
+from .._tvm import tirx
 from ..registry import OpSpec
-from ._builder import T, flat, kernel, padded, panel_layout, zero
+from ._builder import T, alias, flat, kernel, padded, panel_layout, zero
 from .contract import GATE_ROWS_BELOW, GATES, K_SLAB, ROW_TILE
 from ._gates import ACC, cell_backward, f32, gate_offsets, store
 from ._weights import WeightPack, weight_panels
@@ -224,7 +224,7 @@ def _weight_grads(kb, buf, dtype, peep, sizes, off, dicfo, w_tx):
 def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     """``w_grad = [x_t, h_{t-1}]^T @ dicfo``, :func:`w_grad_chunk` rows of the sequence at a
     time (block ``w_grad_chunk``), then the rows left (block ``w_grad_tail_chunk``, when the
-    chunk does not divide ``M``). Each chunk packs its rows of ``x`` and ``h_{t-1}`` side by
+    chunk does not divide ``M``, and always for a float32 op on a CPU, see below). Each chunk packs its rows of ``x`` and ``h_{t-1}`` side by
     side into ``w_grad_a`` (blocks ``w_grad_pack_x``, ``w_grad_pack_h``; float32, zero past
     the last row; transposed from ``I+H`` = :data:`W_GRAD_TRANSPOSED_FROM` on CPUs) and its
     rows of ``dicfo`` into column panels (``w_grad_d``), then one GEMM
@@ -242,9 +242,6 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     through memory, docs/performance.md, "the weight gradient's last chunk"). After no whole
     chunk the tail starts from zero (a version of its own), not from the accumulator.
 
-    Returns the accumulator's accessor ``(k, j) -> value`` (None where the output is the
-    accumulator) and whether the output is complete: written even where ``M`` is 0.
-
     The GEMM's operands then stay in the L2 cache, and stream contiguous memory, instead of
     rows 8 KB apart of ``dicfo`` (docs/performance.md, "packed weight-gradient operands").
     One GEMM over all ``I+H`` rows: its operand is a single scratch, not a choice between
@@ -252,6 +249,9 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
     store the accumulators at every reduction step). The first chunk starts from zero through
     a ``Select``, not an ``if_then_else`` (whose guarded load of the output had the same
     effect).
+
+    Returns the accumulator's accessor ``(k, j) -> value`` (None where the output is the
+    accumulator) and whether the output is complete: written even where ``M`` is 0.
     """
     L, Tn, B, I, H = sizes
     M, G = L * B, 4 * H
@@ -276,8 +276,7 @@ def _w_grad(kb, buf, sizes, dicfo, in_place: bool):
         if tail_to_output:
             view = flat(buf["w_grad"], I + H, name=f"w_grad_rows{suffix}")
         elif suffix:
-            view = T.decl_buffer(acc.shape, acc.dtype, data=acc.data)
-            IRBuilder.name(f"wg{suffix}", view)
+            view = alias(acc, f"wg{suffix}")
         else:
             view = acc
         outs[suffix] = view, acc_rest if view is acc else kb.rest_view(view)
