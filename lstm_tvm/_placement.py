@@ -10,13 +10,17 @@ worker's core (docs/performance.md has both cases).
 
 So, on Linux, when a launching thread's pool first appears (the threads its first parallel
 kernel started), its workers are pinned one per core to all the cores of the process's
-affinity but the first, and the launching thread runs each of its kernels pinned to that
-first core, its own affinity restored after the kernel. ``LSTM_TVM_PIN_THREADS=0`` turns
-this off, as does ``TVM_BIND_THREADS=1`` (TVM then places the workers).
+affinity but the first, and the launching thread runs each of its kernels on that first
+core. A thread found elsewhere when its kernel starts is pinned there for the kernel, its
+own affinity restored after; one already there is left as it is (the OS keeps a busy thread
+on its core, and pinning and restoring cost two system calls a kernel, much of a small cell
+op's time: docs/performance.md). ``LSTM_TVM_PIN_THREADS=0`` turns this off, as does
+``TVM_BIND_THREADS=1`` (TVM then places the workers).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import sys
@@ -39,6 +43,20 @@ def enabled() -> bool:
             and os.environ.get("TVM_BIND_THREADS", "0") in ("", "0"))
 
 
+def _cpu_reader():
+    """glibc's ``sched_getcpu`` (the core the calling thread runs on, -1 on failure), or a
+    function returning -1 where the C library has none."""
+    try:
+        read = ctypes.CDLL(None).sched_getcpu
+    except (AttributeError, OSError):
+        return lambda: -1
+    read.restype, read.argtypes = ctypes.c_int, []
+    return read
+
+
+_current_cpu = _cpu_reader()
+
+
 def _threads() -> set[int]:
     try:
         return {int(t) for t in os.listdir("/proc/self/task")}
@@ -56,14 +74,15 @@ class Placement:
         self._on = pin and enabled()
 
     def run(self, func, args):
-        """``func(*args)`` (a kernel) with the calling thread on its core."""
+        """``func(*args)`` (a kernel) with the calling thread on its core (moved there and
+        pinned for the call only where it runs elsewhere)."""
         if not self._on:
             return func(*args)
         ident = threading.get_ident()
         core = self._core.get(ident)
         if core is None:
             return self._first_launches(ident, func, args)
-        if core == _UNPINNED:
+        if core == _UNPINNED or _current_cpu() == core:
             return func(*args)
         saved = os.sched_getaffinity(0)
         if saved == {core}:
