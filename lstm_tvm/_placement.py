@@ -1,5 +1,5 @@
 """Each thread of a CPU kernel on a core of its own: TVM's pool workers pinned, the caller
-pinned while its kernel runs.
+kept on the core left while its kernels run.
 
 A sequence kernel's threads meet at a barrier every time step. Left to the OS, the thread
 that launches a kernel and its pool's worker sometimes share one core for the life of the
@@ -8,14 +8,15 @@ and the process runs at about a single thread's speed. TVM's own pinning
 (``TVM_BIND_THREADS=1``) pins the workers but not the caller, which the OS may still put on a
 worker's core (docs/performance.md has both cases).
 
-So, on Linux, when a launching thread's pool first appears (the threads its first parallel
-kernel started), its workers are pinned one per core to all the cores of the process's
-affinity but the first, and the launching thread runs each of its kernels on that first
-core. A thread found elsewhere when its kernel starts is pinned there for the kernel, its
-own affinity restored after; one already there is left as it is (the OS keeps a busy thread
-on its core, and pinning and restoring cost two system calls a kernel, much of a small cell
-op's time: docs/performance.md). ``LSTM_TVM_PIN_THREADS=0`` turns this off, as does
-``TVM_BIND_THREADS=1`` (TVM then places the workers).
+So, on Linux, at a thread's first launch its pool is made (TVM makes a thread's pool when
+first asked for its size) and its workers, the threads that appeared meanwhile, are pinned
+one per core to all the cores of the process's affinity but the first; the launching thread
+runs each of its kernels on that first core. A thread found elsewhere when its kernel starts
+is pinned there for the kernel, its own affinity restored after; one already there is left
+as it is (the OS keeps a busy thread on its core, and pinning and restoring cost two system
+calls a kernel, much of a small cell op's time: docs/performance.md).
+``LSTM_TVM_PIN_THREADS=0`` turns this off, as does ``TVM_BIND_THREADS=1`` (TVM then places
+the workers).
 """
 
 from __future__ import annotations
@@ -30,9 +31,6 @@ __all__ = ["Placement", "enabled"]
 
 log = logging.getLogger(__name__)
 
-#: Launches of a thread watched for its pool's workers before giving up (kernels without a
-#: parallel loop start none).
-_WATCHED_LAUNCHES = 16
 _UNPINNED = -1
 
 
@@ -70,7 +68,6 @@ class Placement:
 
     def __init__(self, pin: bool = True):
         self._core: dict[int, int] = {}  # launching thread -> its core, or _UNPINNED
-        self._watched: dict[int, int] = {}
         self._on = pin and enabled()
 
     def run(self, func, args):
@@ -81,7 +78,7 @@ class Placement:
         ident = threading.get_ident()
         core = self._core.get(ident)
         if core is None:
-            return self._first_launches(ident, func, args)
+            core = self._core[ident] = self._place_pool()
         if core == _UNPINNED or _current_cpu() == core:
             return func(*args)
         saved = os.sched_getaffinity(0)
@@ -97,22 +94,19 @@ class Placement:
         finally:
             os.sched_setaffinity(0, saved)
 
-    def _first_launches(self, ident: int, func, args):
-        before = _threads()
-        result = func(*args)
-        started = _threads() - before
-        watched = self._watched.get(ident, 0) + 1
-        self._watched[ident] = watched
-        if started:
-            # Only a pool's whole set of workers (its threads but the caller) is pinned: other
-            # threads the process started meanwhile are left alone.
-            from ._tvm import configure_threads  # the pool's size, set before any kernel
+    def _place_pool(self) -> int:
+        """Make the calling thread's pool and pin its workers (see :meth:`_pin`); returns the
+        core the thread's kernels run on, or ``_UNPINNED`` where its pool existed already
+        (its workers unknown), has no workers or is not the size lstm_tvm gave it."""
+        from ._tvm import configure_threads, tvm  # the pool's size, set before any kernel
 
-            self._core[ident] = (self._pin(sorted(started))
-                                 if len(started) == configure_threads() - 1 else _UNPINNED)
-        elif watched >= _WATCHED_LAUNCHES:
-            self._core[ident] = _UNPINNED
-        return result
+        size = configure_threads()
+        before = _threads()
+        tvm.get_global_func("runtime.NumThreads")()  # makes the pool where there is none
+        started = _threads() - before
+        # Only a pool's whole set of workers (its threads but the caller) is pinned: other
+        # threads the process started meanwhile are left alone.
+        return self._pin(sorted(started)) if started and len(started) == size - 1 else _UNPINNED
 
     @staticmethod
     def _pin(workers: list[int]) -> int:
