@@ -115,6 +115,14 @@ def _times(ratio: float) -> str:
     return f"{ratio:.1f}x" if ratio < 9.95 else f"{ratio:.0f}x"
 
 
+def _ratio(value) -> str:
+    """A speed ratio in at most 4 characters but for ratios of 10000 and up: ``0.87``,
+    ``14.8``, ``119`` (``-`` for None)."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if value < 9.995 else f"{value:.1f}" if value < 99.95 else f"{value:.0f}"
+
+
 def _limit(row, measured: bool, kind: str | None = None, short: bool = False) -> str:
     """The limit cell of a row: ``kind`` "peak" (share of the FMA peak), "floor" (median over
     the floor) or None (the one its batch calls for: the floor up to
@@ -142,8 +150,8 @@ def _compact_table(rows, measured: bool = False) -> str:
          "vs ORT", "vs roof"),
         [(_shape(r), SHORT_CASES[r["case"]], r["impl"],
           _status(r, short=True) or _num(r.get("median_ms"), ".3f"), _num(r["gflops"], ".1f"),
-          _limit(r, measured, short=True), _num(r["vs_TF"], ".2f"), _num(r["vs_torch"], ".2f"),
-          _num(r["vs_ORT"], ".2f"), _num(r["vs_roofline"], ".2f")) for r in shown],
+          _limit(r, measured, short=True), _ratio(r["vs_TF"]), _ratio(r["vs_torch"]),
+          _ratio(r["vs_ORT"]), _ratio(r["vs_roofline"])) for r in shown],
         right=range(3, 10))
 
 
