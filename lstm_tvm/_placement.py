@@ -97,12 +97,16 @@ class Placement:
     def _place_pool(self) -> int:
         """Make the calling thread's pool and pin its workers (see :meth:`_pin`); returns the
         core the thread's kernels run on, or ``_UNPINNED`` where its pool existed already
-        (its workers unknown), has no workers or is not the size lstm_tvm gave it."""
+        (its workers unknown), has no workers or is not the size lstm_tvm gave it, and where
+        this TVM cannot be asked for it."""
         from ._tvm import configure_threads, tvm  # the pool's size, set before any kernel
 
         size = configure_threads()
+        make_pool = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
+        if make_pool is None:
+            return _UNPINNED
         before = _threads()
-        tvm.get_global_func("runtime.NumThreads")()  # makes the pool where there is none
+        make_pool()  # returns the pool's size, making the pool where there is none
         started = _threads() - before
         # Only a pool's whole set of workers (its threads but the caller) is pinned: other
         # threads the process started meanwhile are left alone.
