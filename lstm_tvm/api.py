@@ -117,6 +117,14 @@ class CompiledOp:
             self._launch(bound.module[spec.pack_func_name], held["w"], *bound._packs)
         return bound
 
+    def _without(self, outputs) -> CompiledOp:
+        """This op (unbound) with a kernel that leaves ``outputs`` unwritten
+        (:meth:`lstm_tvm.build.BuildSpec.without`): a call's buffers for them keep whatever
+        they held. For callers that never read them (the framework layers' backward, when
+        autograd asks for no gradient of ``x`` or ``w``)."""
+        assert not self._bound, "a bound op keeps its kernel"
+        return CompiledOp(self.spec.without(outputs), self.device)
+
     def _constant(self, name: str, value, shape: tuple):
         """A private copy of ``value`` for :meth:`bind`, checked against ``shape``."""
         dtype = self.spec.dtype

@@ -24,6 +24,8 @@ from . import env
 from ._files import atomic_path
 from ._tvm import build_scope, tvm
 from .kernels import WEIGHT_PACKS, KernelVariant, kernel_func, pack_func, pack_func_name
+from .kernels.variant import SKIPPABLE_OUTPUTS
+from .registry import get_op
 from ._host_arrays import ALIGNMENT
 from .schedule import schedule_for
 from .schedule.traits import tensor_cores
@@ -60,7 +62,8 @@ class BuildSpec:
     as without). ``tensor_cores``: a float16 kernel built with
     :attr:`~lstm_tvm.kernels.variant.KernelVariant.tensor_cores` (where
     :func:`lstm_tvm.schedule.traits.tensor_cores` said so when the spec was made; float32
-    kernels are the same either way).
+    kernels are the same either way). ``skipped``: outputs the kernel leaves unwritten, see
+    :meth:`without`.
     """
 
     op: str
@@ -72,12 +75,15 @@ class BuildSpec:
     tuned: tuple = ()
     prepacked: bool = False
     tensor_cores: bool = False
+    skipped: tuple = ()
 
     @property
     def func_name(self) -> str:
         """The exported function's name, ``lstm_tvm_<op>_<dtype>`` (``..._prepacked`` for a
-        kernel that takes weight panels, so that a library can hold both)."""
+        kernel that takes weight panels, ``..._without_<output>`` for each skipped output, so
+        that a library can hold them all)."""
         suffix = "_prepacked" if self.pack_func_name else ""
+        suffix += "".join(f"_without_{name}" for name in self.skipped)
         return f"lstm_tvm_{self.op}_{self.dtype}{suffix}"
 
     @property
@@ -92,7 +98,23 @@ class BuildSpec:
         (:func:`lstm_tvm.schedule.traits.kernel_variant`), prepacked and with tensor cores as
         :attr:`prepacked` and :attr:`tensor_cores` say."""
         return dataclasses.replace(self.resolved.variant(self.prepacked),
-                                   tensor_cores=self.tensor_cores)
+                                   tensor_cores=self.tensor_cores, skipped=self.skipped)
+
+    def without(self, outputs) -> BuildSpec:
+        """The spec of this kernel leaving ``outputs`` (names among
+        :data:`~lstm_tvm.kernels.variant.SKIPPABLE_OUTPUTS`) unwritten, for a caller that has no
+        use for them: only a sequence backward op (``BlockLSTMGrad``, ``BlockLSTMGradV2``) has
+        such a form; its other outputs are those of this spec's kernel."""
+        names = tuple(sorted(set(self.skipped) | set(outputs)))
+        op = get_op(self.op)
+        if op.kind != "sequence" or op.direction != "backward":
+            raise ValueError(f"{self.op}: only a sequence backward op leaves outputs out, "
+                             f"got outputs {list(outputs)}")
+        wrong = [n for n in names if n not in SKIPPABLE_OUTPUTS]
+        if wrong:
+            raise ValueError(f"{self.op}: outputs {wrong} cannot be left out; expected names "
+                             f"among {list(SKIPPABLE_OUTPUTS)}")
+        return dataclasses.replace(self, skipped=names)
 
     def with_prepacked_weights(self) -> BuildSpec:
         """The spec of this kernel taking its weight panels: prepacked for an op that packs

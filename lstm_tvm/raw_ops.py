@@ -157,6 +157,18 @@ class _Plan:
     on_cpu: bool
     generation: int
     unread: frozenset = frozenset()
+    _without: dict = dataclasses.field(default_factory=dict, repr=False)
+
+    def without(self, outputs: tuple) -> "_Plan":
+        """This configuration's plan with a kernel that leaves ``outputs`` (sorted names)
+        unwritten (:meth:`lstm_tvm.build.BuildSpec.without`), made at its first use: for a
+        caller that never reads them. Its output buffers are its own."""
+        plan = self._without.get(outputs)
+        if plan is None:
+            plan = dataclasses.replace(self, compiled=self.compiled._without(outputs),
+                                       _without={})
+            self._without[outputs] = plan
+        return plan
 
 
 #: Plans by :func:`_plan_key`.

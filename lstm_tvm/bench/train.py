@@ -12,8 +12,10 @@ Implementations (each shape in its own worker process, so thread pools never mix
 - ``tf``: ``tf.raw_ops.BlockLSTM`` the same way (TF's own kernels and gradient).
 
 A step's loss is ``sum(h)`` over every step and batch row; its gradients are those of ``x``
-and of the weights (``w`` and ``b``; ``nn.LSTM``: its four parameters). No peepholes, no
-clip, float32, ``forget_bias=1`` where the op has one.
+and of the weights (``w`` and ``b``; ``nn.LSTM``: its four parameters), or of the weights
+alone with ``input_grad=False`` (a first layer fed data: lstm_tvm's backward kernel then
+computes no ``x_grad``, the bare kernels' row runs that kernel too). No peepholes, no clip,
+float32, ``forget_bias=1`` where the op has one.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _inputs(T, B, I, H, seed=0) -> dict:
     return make_inputs("BlockLSTM", T=T, B=B, I=I, H=H, seed=seed)
 
 
-def _kernels_step(inputs: dict, threads: int):
+def _kernels_step(inputs: dict, threads: int, input_grad: bool):
     import lstm_tvm
     from .._tvm import tvm
 
@@ -51,6 +53,8 @@ def _kernels_step(inputs: dict, threads: int):
     H = inputs["cs_prev"].shape[1]
     fwd = lstm_tvm.compile("BlockLSTM", input_size=I, cell_size=H, **_ATTRS)
     grad = lstm_tvm.compile("BlockLSTMGrad", input_size=I, cell_size=H, use_peephole=False)
+    if not input_grad:
+        grad = grad._without(("x_grad",))
     dev = tvm.cpu()
     ins = {k: (v if k == "seq_len_max" else tvm.runtime.tensor(v, dev)) for k, v in inputs.items()}
     outs = fwd(**ins)
@@ -64,7 +68,7 @@ def _kernels_step(inputs: dict, threads: int):
     return step
 
 
-def _torch_step(inputs: dict, threads: int, ours: bool):
+def _torch_step(inputs: dict, threads: int, ours: bool, input_grad: bool):
     import torch
 
     torch.set_num_threads(threads)
@@ -76,7 +80,7 @@ def _torch_step(inputs: dict, threads: int, ours: bool):
         model = lt.LSTM(I, H, forget_bias=_ATTRS["forget_bias"])
     else:
         model = torch.nn.LSTM(I, H)
-    x = torch.from_numpy(inputs["x"]).requires_grad_()
+    x = torch.from_numpy(inputs["x"]).requires_grad_(input_grad)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -86,7 +90,7 @@ def _torch_step(inputs: dict, threads: int, ours: bool):
     return step
 
 
-def _tf_step(inputs: dict, threads: int, ours: bool):
+def _tf_step(inputs: dict, threads: int, ours: bool, input_grad: bool):
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -105,10 +109,11 @@ def _tf_step(inputs: dict, threads: int, ours: bool):
     @tf.function
     def grads():
         with tf.GradientTape() as tape:
-            tape.watch(x)
+            if input_grad:
+                tape.watch(x)
             out = block_lstm(seq_len_max=seq_len_max, x=x, w=w, b=b, **rest, **_ATTRS)
             loss = tf.reduce_sum(out.h)
-        return tape.gradient(loss, [x, w, b])
+        return tape.gradient(loss, [x, w, b] if input_grad else [w, b])
 
     def step():
         for g in grads():  # wait for the values, not only the dispatch
@@ -116,17 +121,19 @@ def _tf_step(inputs: dict, threads: int, ours: bool):
     return step
 
 
-def measure_step(impl: str, shape, threads: int, warmup: int, repeat: int) -> dict:
+def measure_step(impl: str, shape, threads: int, warmup: int, repeat: int,
+                 input_grad: bool = True) -> dict:
     """Median, mean and spread of ``repeat`` steps of ``impl`` at ``shape`` (T, B, I, H), after
-    ``warmup`` untimed ones (the first builds, traces or compiles). The mean is what a training
-    loop gets: a few slow steps move it, not the median."""
+    ``warmup`` untimed ones (the first builds, traces or compiles); with ``input_grad``, the
+    step's gradients include ``x``'s. The mean is what a training loop gets: a few slow steps
+    move it, not the median."""
     inputs = _inputs(*shape)
     makers = {"kernels": _kernels_step,
-              "lstm_tvm.torch": lambda i, t: _torch_step(i, t, True),
-              "torch": lambda i, t: _torch_step(i, t, False),
-              "lstm_tvm.tf": lambda i, t: _tf_step(i, t, True),
-              "tf": lambda i, t: _tf_step(i, t, False)}
-    step = makers[impl](inputs, threads)
+              "lstm_tvm.torch": lambda i, t, g: _torch_step(i, t, True, g),
+              "torch": lambda i, t, g: _torch_step(i, t, False, g),
+              "lstm_tvm.tf": lambda i, t, g: _tf_step(i, t, True, g),
+              "tf": lambda i, t, g: _tf_step(i, t, False, g)}
+    step = makers[impl](inputs, threads, input_grad)
     for _ in range(max(1, warmup)):
         step()
     times = []
@@ -139,10 +146,11 @@ def measure_step(impl: str, shape, threads: int, warmup: int, repeat: int) -> di
             "max_ms": ms[-1]}
 
 
-def _worker(impl: str, shape, threads: int, warmup: int, repeat: int, timeout: float) -> dict:
+def _worker(impl: str, shape, threads: int, warmup: int, repeat: int, timeout: float,
+            input_grad: bool) -> dict:
     row = {"impl": impl, "shape": list(shape)}
     cmd = [sys.executable, "-m", "lstm_tvm.bench.train", impl, "x".join(map(str, shape)),
-           str(threads), str(warmup), str(repeat)]
+           str(threads), str(warmup), str(repeat), "x_grad" if input_grad else "no_x_grad"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TVM_NUM_THREADS=str(threads))
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
@@ -158,12 +166,13 @@ def _worker(impl: str, shape, threads: int, warmup: int, repeat: int, timeout: f
 
 def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: int = 3,
         repeat: int = 15, rounds: int = 1, timeout: float = 900.0,
-        progress: bool | None = None) -> dict:
+        progress: bool | None = None, input_grad: bool = True) -> dict:
     """Time a training step of every implementation at every shape, each (implementation,
     shape) in ``rounds`` processes of its own (round after round, so that a slow spell of the
-    machine falls on every implementation alike); returns the report (``meta`` and
-    ``results``: per (implementation, shape) the median of its processes' medians, their
-    ``process_ms``, the mean step of them all, the fastest and slowest step)."""
+    machine falls on every implementation alike); with ``input_grad`` False, steps whose
+    ``x`` needs no gradient. Returns the report (``meta`` and ``results``: per
+    (implementation, shape) the median of its processes' medians, their ``process_ms``, the
+    mean step of them all, the fastest and slowest step)."""
     from .._progress import steps
     from ..env import usable_cores
 
@@ -175,10 +184,10 @@ def run(shapes=DEFAULT_SHAPES, impls=IMPLS, threads: int | None = None, warmup: 
             for impl, shape in jobs:
                 bar.set_postfix_str(f"{impl} {'x'.join(map(str, shape))}")
                 runs[(impl, shape)].append(_worker(impl, shape, threads, warmup, repeat,
-                                                   timeout))
+                                                   timeout, input_grad))
                 bar.update()
     meta = {"machine": _bench.machine(), "versions": _bench.versions(), "threads": threads,
-            "warmup": warmup, "repeat": repeat, "rounds": rounds,
+            "warmup": warmup, "repeat": repeat, "rounds": rounds, "input_grad": input_grad,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average": list(os.getloadavg())}
     return {"meta": meta, "results": [_combined(rows) for rows in runs.values()]}
@@ -224,8 +233,9 @@ def render(report: dict) -> str:
     rounds = meta.get("rounds", 1)
     runs = (f"; median over {rounds} processes each, run in {rounds} rounds; ratios are "
             f"medians of the rounds' ratios" if rounds > 1 else "")
+    grads = "" if meta.get("input_grad", True) else ", x needs no gradient"
     header = (f"machine: {_bench.describe_machine(meta['machine'])}. Training step (forward + "
-              f"backward), float32, {meta['threads']} threads, median and mean of "
+              f"backward{grads}), float32, {meta['threads']} threads, median and mean of "
               f"{meta['repeat']} after {meta['warmup']} warm-up{runs}; load average "
               f"{meta['load_average'][0]:.2f}")
     lines = textwrap.wrap(header, 100, subsequent_indent="  ")
@@ -254,10 +264,13 @@ def render(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    """Worker: ``python -m lstm_tvm.bench.train IMPL TxBxIxH THREADS WARMUP REPEAT``."""
-    impl, shape, threads, warmup, repeat = (argv or sys.argv[1:])[:5]
+    """Worker: ``python -m lstm_tvm.bench.train IMPL TxBxIxH THREADS WARMUP REPEAT
+    [x_grad|no_x_grad]``."""
+    args = (argv or sys.argv[1:])
+    impl, shape, threads, warmup, repeat = args[:5]
+    input_grad = (args[5] if len(args) > 5 else "x_grad") == "x_grad"
     result = measure_step(impl, tuple(int(v) for v in shape.split("x")), int(threads),
-                          int(warmup), int(repeat))
+                          int(warmup), int(repeat), input_grad)
     print(json.dumps(result), flush=True)
     return 0
 

@@ -60,11 +60,15 @@ __all__ = ["command"]
                    "lstm_tvm.tf against nn.LSTM and TF's BlockLSTM, and the bare kernels: "
                    "shapes " + ",".join("x".join(map(str, s)) for s in TRAINING_SHAPES)
                    + " unless --shapes is given (--only, --cases and --dtype do not apply).")
+@click.option("--no-input-grad", "input_grad", flag_value=False, default=True,
+              help="With --training: steps whose input x needs no gradient (a first layer "
+                   "fed data); lstm_tvm's backward then leaves out x's gradient.")
 @click.option("--rounds", default=1, show_default=True, type=click.IntRange(1),
               help="Run every case (with --training: every impl and shape) in this many "
                    "processes, round after round; report the median of their medians and "
                    "how far apart the processes were.")
-def command(shapes, only, cases, json_path, latency, wide, training, rounds, **opts):
+def command(shapes, only, cases, json_path, latency, wide, training, rounds, input_grad,
+            **opts):
     """Time lstm_tvm, TF (tf.raw_ops), PyTorch (nn.LSTM) and a NumPy GEMM roofline.
 
     One worker process per implementation and case (--isolate case) times the median of
@@ -85,7 +89,8 @@ def command(shapes, only, cases, json_path, latency, wide, training, rounds, **o
     if training:
         report = bench_train.run(opts["shapes"], threads=opts["threads"],
                                  warmup=max(opts["warmup"], 1), repeat=opts["repeat"],
-                                 rounds=rounds, timeout=opts["timeout"])
+                                 rounds=rounds, timeout=opts["timeout"],
+                                 input_grad=input_grad)
         click.echo(bench_train.render(report))
         if json_path is not None:
             json_path.write_text(json.dumps(report, indent=2) + "\n")

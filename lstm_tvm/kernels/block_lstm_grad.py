@@ -16,7 +16,9 @@ takes one more such product after the loop (block ``dh_first_few<B>``). After th
 for the last ``< ROW_TILE`` rows, or ``x_grad_chunk_gemm`` chunk by chunk for float16, the
 rows left after the whole chunks by ``x_grad_tail_gemm`` on CPUs;
 ``w_grad`` chunk by chunk of packed rows, see :func:`_w_grad`), and ``b_grad`` and the
-peephole gradients are reductions of ``dicfo``. ``dicfo`` is zero for
+peephole gradients are reductions of ``dicfo``. A kernel whose variant skips ``x_grad`` or
+``w_grad`` (:attr:`KernelVariant.skipped`) has neither their GEMMs nor their writes (nor
+``w[:I]^T``'s panels without ``x_grad``). ``dicfo`` is zero for
 :func:`dicfo_zero_rows` rows past the last one (``K_SLAB`` on GPUs, ``ROW_TILE`` on CPUs),
 so chunks of rows read it with no bounds checks. Everything
 accumulates in float32 (``x_grad`` in the output of a float32 op; ``w_grad`` there too on
@@ -101,7 +103,8 @@ def block_lstm_grad(op: OpSpec, dtype: str, input_size: int, cell_size: int, att
         dcs_next = kb.temp("dcs_next", (B, H))
         kb.spatial("dicfo_pad", (dicfo_zero_rows(kb.cpu), G), lambda m, j: T.buffer_store(
             dicfo, zero(), [L * B + m, j]))
-        w_tx, w_th = (weight_panels(kb, buf, pack) for pack in packs)
+        w_tx = None if "x_grad" in variant.skipped else weight_panels(kb, buf, packs[0])
+        w_th = weight_panels(kb, buf, packs[1])
         cs_prev = lambda t, n, k: tirx.if_then_else(  # noqa: E731
             t > 0, f32(buf["cs"][t - 1, n, k]), f32(buf["cs_prev"][n, k]))
 
@@ -196,12 +199,16 @@ def _weight_grads(kb, buf, dtype, peep, sizes, off, dicfo, w_tx):
     in_place = dtype == ACC
     ran = M > 0  # reductions over the rows never ran their init when this is false
 
-    if in_place:
+    skipped = kb.variant.skipped
+    if "x_grad" in skipped:
+        pass
+    elif in_place:
         _x_grad_in_place(kb, buf, sizes, dicfo, w_tx)
     else:
         _x_grad_by_chunks(kb, buf, dtype, sizes, dicfo, w_tx)
 
-    wg, complete = _w_grad(kb, buf, sizes, dicfo, in_place)
+    wg, complete = (None, True) if "w_grad" in skipped else _w_grad(kb, buf, sizes, dicfo,
+                                                                     in_place)
     bg = kb.temp("bg", (G,))
     kb.reduction("b_grad", bg, (G,), (M,), lambda j: (j,), lambda s, r: dicfo[r[0], s[0]])
     peephole_grads(kb, buf, dtype, peep, H, ran, off, (M,),

@@ -12,7 +12,11 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["KernelVariant"]
+__all__ = ["KernelVariant", "SKIPPABLE_OUTPUTS"]
+
+#: The outputs a sequence backward's kernel can leave out (:attr:`KernelVariant.skipped`):
+#: each is a GEMM over every step and batch row.
+SKIPPABLE_OUTPUTS = ("w_grad", "x_grad")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +37,10 @@ class KernelVariant:
     ``CpuTraits.l2_bytes``; the GPU form keeps this default, the CPU figure).
     ``tensor_cores`` (GPU form only): a float16 sequence forward keeps ``x`` and ``w`` in
     float16 for its input projection, whose rows are padded for tensor-core tiles, and adds the
-    bias in the gate math (see :mod:`.block_lstm`).
+    bias in the gate math (see :mod:`.block_lstm`). ``skipped``: outputs of a sequence
+    backward the kernel neither computes nor writes (sorted names among
+    :data:`SKIPPABLE_OUTPUTS`): a caller that needs no gradient of ``x`` (the first layer of a
+    model, fed data) or of ``w`` (frozen weights) leaves out a GEMM as large as the step loop.
     """
 
     cpu: bool = True
@@ -42,6 +49,7 @@ class KernelVariant:
     fixed_sizes: tuple = ()
     l2_bytes: int = 2 * 2**20
     tensor_cores: bool = False
+    skipped: tuple = ()
 
     def with_sizes(self, **sizes: int) -> KernelVariant:
         """This variant with constant sizes, e.g. ``with_sizes(T=64, B=32)``."""

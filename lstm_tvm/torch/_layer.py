@@ -10,7 +10,9 @@ through, so it does as little as it can (see the training entries of ``docs/perf
 - the gate outputs stay in the kernel's output buffer, handed to the grad kernel as the TVM
   tensors the forward kernel wrote (the buffer is held, unwritten, until the backward);
 - the grad kernel's plan is found from the forward's, not from its 17 inputs;
-- the backward converts only the gradients autograd asks for;
+- the backward converts only the gradients autograd asks for, and its kernel computes no
+  ``x_grad`` or ``w_grad`` autograd does not ask for (a first layer fed data, frozen weights:
+  each is a GEMM over the whole sequence);
 - the final state (``h`` and ``cs`` at the last step, the initial state for ``T = 0``) is
   copied out here, not by indexing and stacking through autograd.
 
@@ -28,6 +30,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..autodiff import grad_route
+from ..kernels.variant import SKIPPABLE_OUTPUTS
 from ._constants import cached_zeros
 from ._cpu import contiguous, kernel
 
@@ -69,6 +72,10 @@ def layer_function(op_name: str, overload: str):
     # the gradient of each input of apply (attrs first) as an output of the grad op, or None
     from_grad = [None] + [grad.output_names.index(route.from_grad[n])
                           if n in route.from_grad else None for n in fwd.input_names]
+    # the outputs the grad kernel can leave out, each with where apply's inputs hold the
+    # input it is the gradient of
+    skippable = sorted((out, 1 + fwd.input_names.index(name))
+                       for name, out in route.from_grad.items() if out in SKIPPABLE_OUTPUTS)
     grad_seq_at = grad.input_names.index("seq_len_max")
     grad_attr_names = [n for n in grad.attr_names if n in fwd.attr_names]
     grad_plans: dict = {}
@@ -121,6 +128,10 @@ def layer_function(op_name: str, overload: str):
         plan = ctx.plan
         entry = grad_plans.get(plan) if plan is not None else None
         if entry is not None and entry.generation == plan.generation:
+            needs = ctx.needs_input_grad
+            unused = tuple(out for out, at in skippable if not needs[at])
+            if unused:
+                entry = entry.without(unused)
             tensors = [found[kind][k] if kind != "input" else contiguous(found[kind][k])
                        for kind, k in grad_args]
             result = run_grad.run(entry, ctx.seq, tensors)[0]
