@@ -121,3 +121,34 @@ def test_the_layer_asks_its_kernel_for_the_gradients_autograd_wants(monkeypatch,
     # the training loop's call at least (the first call too where an earlier test planned
     # this configuration)
     assert left_out and set(left_out) == {(f"{frozen}_grad",)}
+
+
+def test_the_op_route_asks_its_kernel_for_the_gradients_autograd_wants(monkeypatch):
+    """``lstm_tvm.torch.BlockLSTM`` in eager mode with an ``x`` that needs no gradient: the
+    weights' gradients against TF's tape, on every call, the later ones through the kernel
+    without ``x_grad``."""
+    rng = np.random.default_rng(2)
+    inputs = testing.make_inputs("BlockLSTM", T=T, B=B, I=I, H=H, seed=4)
+    attrs = {"forget_bias": 0.5, "cell_clip": -1.0, "use_peephole": True}
+    loss_w = rng.uniform(-1, 1, (T, B, H)).astype(np.float32)
+    weights = ("w", "wci", "wcf", "wco", "b")
+    variables = {n: tf.Variable(inputs[n]) for n in weights}
+    with tf.GradientTape() as tape:
+        out = tf.raw_ops.BlockLSTM(**{**inputs, **variables}, **attrs)
+        tf_loss = tf.reduce_sum(out.h * loss_w)
+    want = dict(zip(weights, tape.gradient(tf_loss, list(variables.values()))))
+    left_out = []
+    without = raw_ops._Plan.without
+    monkeypatch.setattr(raw_ops._Plan, "without",
+                        lambda plan, outputs: left_out.append(outputs) or without(plan, outputs))
+    for call in range(3):
+        tensors = {n: torch.from_numpy(v) for n, v in inputs.items()}
+        for n in weights:
+            tensors[n].requires_grad_()
+        got = lt.BlockLSTM(**tensors, **attrs)
+        (got.h * torch.from_numpy(loss_w)).sum().backward()
+        assert tensors["x"].grad is None
+        for n in weights:
+            testing.assert_close(tensors[n].grad.numpy(), want[n].numpy(), "float32",
+                                 f"d/d{n} (call {call})")
+    assert left_out and set(left_out) == {("x_grad",)}

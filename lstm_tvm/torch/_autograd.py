@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..autodiff import forward_ops, grad_route
+from ..kernels.variant import SKIPPABLE_OUTPUTS
 from ._ops import INT_OVERLOAD, NAMESPACE, overloads, qualname
 
 __all__ = ["register_autograd"]
@@ -36,11 +37,14 @@ def _op(op_name: str, overload: str = "default"):
     return getattr(getattr(getattr(torch.ops, NAMESPACE), op_name), overload)
 
 
-def _formula(route, overload: str, grad_op, matmul_op, zeros_like):
+def _formula(route, overload: str, grad_op, matmul_op, zeros_like, leaves_out: bool = False):
     """``(setup_context, backward)`` of ``route.forward`` for ``overload`` (the
     ``torch.library`` forms): the backward calls ``grad_op`` (and ``matmul_op`` for the cell),
     positional inputs and keyword attributes, and ``zeros_like(cs)`` for a gradient of ``cs``
-    or ``h`` autograd did not give.
+    or ``h`` autograd did not give. With ``leaves_out`` (``grad_op`` a
+    :class:`~lstm_tvm.torch._cpu.CpuKernel`), through
+    :meth:`~lstm_tvm.torch._cpu.CpuKernel.call_without`: its kernel computes no ``x_grad`` or
+    ``w_grad`` autograd does not ask for.
 
     Where every value comes from is worked out here, once: the backward only indexes (it runs
     at every training step, and its Python is part of what a step costs)."""
@@ -70,6 +74,10 @@ def _formula(route, overload: str, grad_op, matmul_op, zeros_like):
                    if route.matmul is not None and n in route.from_matmul else None
                    for n in fwd.input_names]
     grad_attrs = grad.attr_names
+    # the outputs the grad kernel can leave out, with the index of the input each is the
+    # gradient of
+    skippable = sorted((out, fwd.input_names.index(name)) for name, out in route.from_grad.items()
+                       if out in SKIPPABLE_OUTPUTS) if leaves_out else []
     peephole_default = fwd.attr("use_peephole").default if "use_peephole" in grad_attrs \
         else None
 
@@ -89,8 +97,14 @@ def _formula(route, overload: str, grad_op, matmul_op, zeros_like):
             slots.insert(i, value)
         for i in given:
             slots.append(grads[i] if grads[i] is not None else zeros_like(slots[zeros_from]))
-        result = grad_op(*(slots[i] for i in grad_args), **ctx.attrs)
+        args = [slots[i] for i in grad_args]
+        unused = tuple(out for out, at in skippable if not ctx.needs_input_grad[at])
+        result = grad_op.call_without(unused, args, ctx.attrs) if unused else \
+            grad_op(*args, **ctx.attrs)
         found = [None if k is None else result[k] for k in from_grad]
+        for out, at in skippable:  # an unwritten buffer is nobody's gradient
+            if out in unused:
+                found[at] = None
         if matmul_args:  # the cell: the matmul part of its gradient
             slots += result
             product = matmul_op(*(slots[i] for i in matmul_args))

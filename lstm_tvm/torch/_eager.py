@@ -54,7 +54,8 @@ def eager_function(op_name: str, overload: str = "default"):
     n_inputs, attr_names = len(fwd.input_names), fwd.attr_names
     run = kernel(op_name)
     matmul = kernel(route.matmul.name) if route.matmul is not None else None
-    setup, backward = _formula(route, overload, kernel(route.grad.name), matmul, cached_zeros)
+    setup, backward = _formula(route, overload, kernel(route.grad.name), matmul, cached_zeros,
+                               leaves_out=True)
 
     def forward(ctx, *args):
         inputs, attrs = args[:n_inputs], dict(zip(attr_names, args[n_inputs:]))
