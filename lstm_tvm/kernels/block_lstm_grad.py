@@ -200,13 +200,11 @@ def _weight_grads(kb, buf, dtype, peep, sizes, off, dicfo, w_tx):
     ran = M > 0  # reductions over the rows never ran their init when this is false
 
     skipped = kb.variant.skipped
-    if "x_grad" in skipped:
-        pass
-    elif in_place:
-        _x_grad_in_place(kb, buf, sizes, dicfo, w_tx)
-    else:
-        _x_grad_by_chunks(kb, buf, dtype, sizes, dicfo, w_tx)
-
+    if "x_grad" not in skipped:
+        if in_place:
+            _x_grad_in_place(kb, buf, sizes, dicfo, w_tx)
+        else:
+            _x_grad_by_chunks(kb, buf, dtype, sizes, dicfo, w_tx)
     wg, complete = (None, True) if "w_grad" in skipped else _w_grad(kb, buf, sizes, dicfo,
                                                                      in_place)
     bg = kb.temp("bg", (G,))

@@ -40,7 +40,7 @@ class KernelVariant:
     bias in the gate math (see :mod:`.block_lstm`). ``skipped``: outputs of a sequence
     backward the kernel neither computes nor writes (sorted names among
     :data:`SKIPPABLE_OUTPUTS`): a caller that needs no gradient of ``x`` (the first layer of a
-    model, fed data) or of ``w`` (frozen weights) leaves out a GEMM as large as the step loop.
+    model, fed data) or of ``w`` (frozen weights) leaves out a GEMM over the whole sequence.
     """
 
     cpu: bool = True
