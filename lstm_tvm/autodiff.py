@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from .kernels.variant import SKIPPABLE_OUTPUTS
 from .raw_ops import _to_numpy, run
 from .registry import HELPERS, OPS, OpSpec
 from .validation import expected_output_shapes, validate_attrs, validate_inputs
@@ -59,6 +60,14 @@ class GradRoute:
     matmul: OpSpec | None
     matmul_sources: tuple[tuple[str, str], ...]
     from_matmul: dict
+
+    @property
+    def skippable(self) -> tuple[tuple[str, str], ...]:
+        """``(output, input)`` for each output of ``grad`` its kernel can leave out
+        (:data:`~lstm_tvm.kernels.variant.SKIPPABLE_OUTPUTS`), with the forward input it is the
+        gradient of; sorted by output (empty for the cell)."""
+        return tuple(sorted((out, n) for n, out in self.from_grad.items()
+                            if out in SKIPPABLE_OUTPUTS))
 
     @property
     def float_inputs(self) -> tuple[str, ...]:

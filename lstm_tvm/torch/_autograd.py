@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from ..autodiff import forward_ops, grad_route
-from ..kernels.variant import SKIPPABLE_OUTPUTS
 from ._ops import INT_OVERLOAD, NAMESPACE, overloads, qualname
 
 __all__ = ["register_autograd"]
@@ -76,8 +75,8 @@ def _formula(route, overload: str, grad_op, matmul_op, zeros_like, leaves_out: b
     grad_attrs = grad.attr_names
     # the outputs the grad kernel can leave out, with the index of the input each is the
     # gradient of
-    skippable = sorted((out, fwd.input_names.index(name)) for name, out in route.from_grad.items()
-                       if out in SKIPPABLE_OUTPUTS) if leaves_out else []
+    skippable = [(out, fwd.input_names.index(n)) for out, n in route.skippable] \
+        if leaves_out else []
     peephole_default = fwd.attr("use_peephole").default if "use_peephole" in grad_attrs \
         else None
 
@@ -98,13 +97,12 @@ def _formula(route, overload: str, grad_op, matmul_op, zeros_like, leaves_out: b
         for i in given:
             slots.append(grads[i] if grads[i] is not None else zeros_like(slots[zeros_from]))
         args = [slots[i] for i in grad_args]
-        unused = tuple(out for out, at in skippable if not ctx.needs_input_grad[at])
-        result = grad_op.call_without(unused, args, ctx.attrs) if unused else \
-            grad_op(*args, **ctx.attrs)
+        left_out = [(out, at) for out, at in skippable if not ctx.needs_input_grad[at]]
+        result = grad_op.call_without(tuple(out for out, _ in left_out), args, ctx.attrs) \
+            if left_out else grad_op(*args, **ctx.attrs)
         found = [None if k is None else result[k] for k in from_grad]
-        for out, at in skippable:  # an unwritten buffer is nobody's gradient
-            if out in unused:
-                found[at] = None
+        for _, at in left_out:  # an unwritten buffer is nobody's gradient
+            found[at] = None
         if matmul_args:  # the cell: the matmul part of its gradient
             slots += result
             product = matmul_op(*(slots[i] for i in matmul_args))

@@ -56,21 +56,18 @@ class CpuKernel:
         :meth:`lstm_tvm.build.BuildSpec.without`) unwritten once the configuration is planned
         (its first call computes them all): those outputs' tensors hold whatever their buffers
         held, for a caller that never reads them."""
-        plan = self._current(self._key(args, attrs))
-        if plan is None:
-            return self(*args, **attrs)
-        tensors = [contiguous(args[i]) for i in self._floats]
-        arrays = self.run(plan.without(outputs), self.seq_arg(plan, args), tensors)[0]
-        return tuple(map(torch.from_numpy, arrays))
+        return tuple(map(torch.from_numpy, self._arrays(args, attrs, outputs)))
 
-    def _arrays(self, args, attrs) -> list:
-        """The outputs of a call as NumPy arrays over ``raw_ops``' buffers."""
+    def _arrays(self, args, attrs, without: tuple = ()) -> list:
+        """The outputs of a call as NumPy arrays over ``raw_ops``' buffers (a planned call's
+        kernel leaving out ``without``, see :meth:`call_without`)."""
         key = self._key(args, attrs)
         plan = self._current(key)
         if plan is None:
             return self._planned_call(key, args, attrs)
         tensors = [contiguous(args[i]) for i in self._floats]  # TVM's FFI takes tensors
-        return self.run(plan, self.seq_arg(plan, args), tensors)[0]
+        seq = self.seq_arg(plan, args)
+        return self.run(plan.without(without) if without else plan, seq, tensors)[0]
 
     def _key(self, args, attrs):
         """The configuration of a call: its float inputs' shapes, dtypes, devices and layouts,

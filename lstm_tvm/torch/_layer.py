@@ -30,7 +30,6 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..autodiff import grad_route
-from ..kernels.variant import SKIPPABLE_OUTPUTS
 from ._constants import cached_zeros
 from ._cpu import contiguous, kernel
 
@@ -74,8 +73,7 @@ def layer_function(op_name: str, overload: str):
                           if n in route.from_grad else None for n in fwd.input_names]
     # the outputs the grad kernel can leave out, each with where apply's inputs hold the
     # input it is the gradient of
-    skippable = sorted((out, 1 + fwd.input_names.index(name))
-                       for name, out in route.from_grad.items() if out in SKIPPABLE_OUTPUTS)
+    skippable = [(out, 1 + fwd.input_names.index(n)) for out, n in route.skippable]
     grad_seq_at = grad.input_names.index("seq_len_max")
     grad_attr_names = [n for n in grad.attr_names if n in fwd.attr_names]
     grad_plans: dict = {}
